@@ -1,0 +1,225 @@
+"""The contract between the router and a branch model (heavy or light).
+
+One branch call ("step") on one KV session does, in order:
+  1. release (if asked): drop the session and return; nothing else happens.
+  2. truncate the session's KV cache to ``keep_len`` tokens (roll back rejected tokens);
+     a new session starts at length 0, so its first call has keep_len == 0.
+  3. extend: append ``input_ids`` (n >= 1 tokens) in one forward pass. For every new
+     position i the model's next-token choice ``tokens[i]`` is returned with its
+     probability and the entropy of the distribution; ``input_probs[i]`` is the
+     probability the model gave to the *actual* next input token ``input_ids[i+1]``.
+  4. draft: if ``draft_len`` = d > 0, ``tokens[n-1]`` is the first drafted token; it is
+     fed back and the model drafts on, one forward per token, until d tokens are drafted
+     or a drafted token has probability < ``min_confidence`` or entropy > ``max_entropy``
+     (that token is still returned; the caller decides what to do with it).
+
+So the result holds T = n + max(d_done - 1, 0) positions; ``tokens[n-1:]`` are the drafted
+tokens. The cache afterwards holds keep_len + n + max(d_done - 1, 0) tokens (the last
+drafted token is not fed yet) and ``session_len`` reports it.
+
+Choices are greedy (argmax) when ``temperature`` == 0, else sampled from the processed
+distribution (temperature, top_k, top_p) with a generator seeded by (seed, position), so a
+result never depends on what else was in the batch. ``dist`` holds that processed
+distribution for every returned position when ``return_dist`` is set (speculative
+sampling needs it), else it is empty.
+
+Both branch models speak this contract over Triton tensors (names below), the in-process
+engine speaks it with these dataclasses. Only adapters touch tensors.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling settings; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no top-k cut
+    top_p: float = 1.0  # 1.0 = no nucleus cut
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
+class BranchOp:
+    """One step on one session (see module docstring)."""
+
+    session_id: int
+    keep_len: int
+    input_ids: tuple[int, ...]
+    draft_len: int = 0
+    min_confidence: float = 0.0
+    max_entropy: float = math.inf
+    sampling: Sampling = GREEDY
+    return_dist: bool = False
+    release: bool = False
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """What a step returns. Arrays are 1-D numpy arrays of length T (``input_probs``: n-1)."""
+
+    tokens: np.ndarray  # int32 [T]
+    token_probs: np.ndarray  # float32 [T]
+    entropy: np.ndarray  # float32 [T]
+    input_probs: np.ndarray  # float32 [n-1]
+    session_len: int
+    dist: np.ndarray | None = None  # float32 [T, V] when return_dist
+    forward_ms: float = 0.0  # time spent in model forwards for this step
+    batch_size: int = 1  # sessions in the first batched forward this op was part of
+
+
+class BranchError(RuntimeError):
+    """A branch could not serve a step (message names the branch and the reason)."""
+
+
+class SessionMissing(BranchError):
+    """The session was released or expired (TTL/LRU); the caller may re-prefill."""
+
+
+# Triton tensor names of the branch models (config.pbtxt of heavy and light).
+# Every input has a leading batch dimension of 1 per request (max_batch_size > 0).
+TENSOR_INPUTS = {
+    "session_id": ("session_id", "TYPE_UINT64"),
+    "keep_len": ("keep_len", "TYPE_INT32"),
+    "input_ids": ("input_ids", "TYPE_INT32"),  # [-1], ragged
+    "draft_len": ("draft_len", "TYPE_INT32"),
+    "min_confidence": ("min_confidence", "TYPE_FP32"),
+    "max_entropy": ("max_entropy", "TYPE_FP32"),
+    "temperature": ("temperature", "TYPE_FP32"),
+    "top_k": ("top_k", "TYPE_INT32"),
+    "top_p": ("top_p", "TYPE_FP32"),
+    "seed": ("random_seed", "TYPE_UINT64"),
+    "return_dist": ("return_dist", "TYPE_BOOL"),
+    "release": ("release", "TYPE_BOOL"),
+}
+TENSOR_OUTPUTS = {
+    "tokens": "tokens",  # INT32 [-1]
+    "token_probs": "token_probs",  # FP32 [-1]
+    "entropy": "entropy",  # FP32 [-1]
+    "input_probs": "input_probs",  # FP32 [-1]
+    "session_len": "session_len",  # INT32 [1]
+    "dist": "dist",  # FP32 [-1, -1]; shape [0, 0] unless return_dist
+    "forward_ms": "forward_ms",  # FP32 [1]
+    "batch_size": "batch_size",  # INT32 [1]
+}
+
+
+def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
+    """BranchOp -> named numpy arrays (batch dimension 1) for a Triton request."""
+    s = op.sampling
+    values = {
+        "session_id": np.array([[op.session_id]], dtype=np.uint64),
+        "keep_len": np.array([[op.keep_len]], dtype=np.int32),
+        "input_ids": np.asarray(op.input_ids, dtype=np.int32).reshape(1, -1),
+        "draft_len": np.array([[op.draft_len]], dtype=np.int32),
+        "min_confidence": np.array([[op.min_confidence]], dtype=np.float32),
+        "max_entropy": np.array([[min(op.max_entropy, 3.0e38)]], dtype=np.float32),
+        "temperature": np.array([[s.temperature]], dtype=np.float32),
+        "top_k": np.array([[s.top_k]], dtype=np.int32),
+        "top_p": np.array([[s.top_p]], dtype=np.float32),
+        "seed": np.array([[s.seed]], dtype=np.uint64),
+        "return_dist": np.array([[op.return_dist]], dtype=bool),
+        "release": np.array([[op.release]], dtype=bool),
+    }
+    return {TENSOR_INPUTS[k][0]: v for k, v in values.items()}
+
+
+def op_from_arrays(get) -> BranchOp:
+    """Build a BranchOp from a tensor getter ``get(name) -> np.ndarray | None``.
+
+    Optional inputs that are absent take the BranchOp defaults. Raises ValueError naming
+    the tensor when a required one is missing.
+    """
+
+    def scalar(key, default=None):
+        arr = get(TENSOR_INPUTS[key][0])
+        if arr is None:
+            if default is None:
+                raise ValueError(f"branch input '{TENSOR_INPUTS[key][0]}' is required")
+            return default
+        return arr.reshape(-1)[0].item()
+
+    ids = get(TENSOR_INPUTS["input_ids"][0])
+    release = bool(scalar("release", False))
+    if ids is None or (ids.size == 0 and not release):
+        raise ValueError("branch input 'input_ids' needs at least one token")
+    return BranchOp(
+        session_id=int(scalar("session_id")),
+        keep_len=int(scalar("keep_len", 0)),
+        input_ids=tuple(int(t) for t in ids.reshape(-1)),
+        draft_len=int(scalar("draft_len", 0)),
+        min_confidence=float(scalar("min_confidence", 0.0)),
+        max_entropy=float(scalar("max_entropy", math.inf)),
+        sampling=Sampling(
+            temperature=float(scalar("temperature", 0.0)),
+            top_k=int(scalar("top_k", 0)),
+            top_p=float(scalar("top_p", 1.0)),
+            seed=int(scalar("seed", 0)),
+        ),
+        return_dist=bool(scalar("return_dist", False)),
+        release=release,
+    )
+
+
+def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:
+    """BranchResult -> named numpy arrays (batch dimension 1) for a Triton response."""
+    dist = res.dist if res.dist is not None else np.zeros((0, 0), dtype=np.float32)
+    values = {
+        "tokens": res.tokens.astype(np.int32).reshape(1, -1),
+        "token_probs": res.token_probs.astype(np.float32).reshape(1, -1),
+        "entropy": res.entropy.astype(np.float32).reshape(1, -1),
+        "input_probs": res.input_probs.astype(np.float32).reshape(1, -1),
+        "session_len": np.array([[res.session_len]], dtype=np.int32),
+        "dist": dist.astype(np.float32)[None, ...],
+        "forward_ms": np.array([[res.forward_ms]], dtype=np.float32),
+        "batch_size": np.array([[res.batch_size]], dtype=np.int32),
+    }
+    return {TENSOR_OUTPUTS[k]: v for k, v in values.items()}
+
+
+def result_from_arrays(get) -> BranchResult:
+    """Build a BranchResult from ``get(name) -> np.ndarray`` (a Triton/BLS response)."""
+    dist = get(TENSOR_OUTPUTS["dist"])
+    dist = dist[0] if dist is not None and dist.size else None
+    return BranchResult(
+        tokens=get(TENSOR_OUTPUTS["tokens"]).reshape(-1),
+        token_probs=get(TENSOR_OUTPUTS["token_probs"]).reshape(-1),
+        entropy=get(TENSOR_OUTPUTS["entropy"]).reshape(-1),
+        input_probs=get(TENSOR_OUTPUTS["input_probs"]).reshape(-1),
+        session_len=int(get(TENSOR_OUTPUTS["session_len"]).reshape(-1)[0]),
+        dist=dist,
+        forward_ms=float(get(TENSOR_OUTPUTS["forward_ms"]).reshape(-1)[0]),
+        batch_size=int(get(TENSOR_OUTPUTS["batch_size"]).reshape(-1)[0]),
+    )
+
+
+@dataclass
+class ResultArrays:
+    """Helper for fakes: build a BranchResult from python lists."""
+
+    tokens: list[int] = field(default_factory=list)
+    token_probs: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    input_probs: list[float] = field(default_factory=list)
+    session_len: int = 0
+
+    def build(self) -> BranchResult:
+        return BranchResult(
+            tokens=np.asarray(self.tokens, dtype=np.int32),
+            token_probs=np.asarray(self.token_probs, dtype=np.float32),
+            entropy=np.asarray(self.entropy, dtype=np.float32),
+            input_probs=np.asarray(self.input_probs, dtype=np.float32),
+            session_len=self.session_len,
+        )
