@@ -1,0 +1,115 @@
+"""One exported causal LM run by ONNX Runtime: model.onnx + model.json (see docs/architecture.md).
+
+``OnnxCausalLM.forward`` is a single forward pass over a padded batch; it knows nothing of
+sessions (``kv_store``) or batching policy (``branch_engine``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MODEL_FILE = "model.onnx"
+INFO_FILE = "model.json"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Shape facts of an exported model (written by the exporter as model.json)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    kv_dtype: str = "float32"
+    max_position_embeddings: int = 2048
+    precision: str = "fp32"
+    source: str = ""
+    architecture: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> "ModelInfo":
+        data = json.loads(Path(path).read_text())
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.__dict__, indent=2) + "\n")
+
+    @property
+    def np_kv_dtype(self) -> np.dtype:
+        return np.dtype(self.kv_dtype)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token occupies (all layers, key and value)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.np_kv_dtype.itemsize
+
+
+def providers_for(device: str) -> list:
+    """ONNX Runtime execution providers for a device name: cpu | cuda | tensorrt."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device == "cuda":
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device == "tensorrt":
+        return ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise ValueError(f"device must be one of cpu, cuda, tensorrt; got {device!r}")
+
+
+class OnnxCausalLM:
+    """An ONNX Runtime session over an exported model directory."""
+
+    def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", intra_op_threads: int = 0):
+        import onnxruntime as ort
+
+        model_dir = Path(model_dir)
+        self.info = ModelInfo.load(model_dir / INFO_FILE)
+        self.device = device
+        opts = ort.SessionOptions()
+        if intra_op_threads > 0:
+            opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(
+            str(model_dir / MODEL_FILE), sess_options=opts, providers=providers_for(device)
+        )
+        self._past_names = [
+            (f"past_key_{i}", f"past_value_{i}") for i in range(self.info.num_layers)
+        ]
+        self._output_names = ["logits"] + [
+            name for i in range(self.info.num_layers) for name in (f"new_key_{i}", f"new_value_{i}")
+        ]
+
+    def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Past of length 0 for a batch (first call of new sessions)."""
+        shape = (batch, self.info.num_kv_heads, 0, self.info.head_dim)
+        z = np.zeros(shape, dtype=self.info.np_kv_dtype)
+        return [(z, z) for _ in range(self.info.num_layers)]
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[tuple[np.ndarray, np.ndarray]],
+    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """One forward pass.
+
+        input_ids, position_ids: [B, S]; attention_mask: [B, P + S]; past: per layer
+        (key, value) [B, kv_heads, P, head_dim]. Returns logits [B, S, V] float32 and per
+        layer the new tokens' (key, value) [B, kv_heads, S, head_dim].
+        """
+        feeds = {
+            "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
+            "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
+        }
+        for (kname, vname), (k, v) in zip(self._past_names, past):
+            feeds[kname] = k
+            feeds[vname] = v
+        outs = self.session.run(self._output_names, feeds)
+        new_kv = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(self.info.num_layers)]
+        return outs[0], new_kv
