@@ -1,0 +1,99 @@
+"""Scripted branches for core tests: a deterministic toy LM that speaks the branch protocol.
+
+``ToyLM`` gives every prefix a fixed logit vector (a hash of the last tokens), so outputs
+depend on exactly which tokens precede a position: a KV bookkeeping bug (wrong keep_len,
+a stale drafted token) changes the output and fails the equality tests. ``FakeBranch``
+serves BranchOp steps on named sessions with the same semantics as the real engine and
+counts calls.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from tokenrouter_backend.branch import Branch
+from tokenrouter_backend.branch_protocol import BranchError, BranchOp, BranchResult, SessionMissing
+from tokenrouter_backend.sampling import choose, entropy, processed_probs
+
+VOCAB = 40
+
+
+class ToyLM:
+    """logits(prefix) = N(0, scale) seeded by the last ``context`` tokens; ``noise`` mixes in
+    a second independent draw so a light model mostly, not always, agrees with the heavy."""
+
+    def __init__(self, seed: int = 0, noise: float = 0.0, scale: float = 3.0, context: int = 3, vocab: int = VOCAB):
+        self.seed, self.noise, self.scale, self.context, self.vocab = seed, noise, scale, context, vocab
+
+    def _draw(self, prefix, salt):
+        key = zlib.crc32(np.asarray(prefix[-self.context :], dtype=np.int64).tobytes()) ^ salt
+        return np.random.default_rng(key).normal(size=self.vocab) * self.scale
+
+    def logits(self, prefix) -> np.ndarray:
+        base = self._draw(prefix, 0)
+        if self.noise:
+            base = base + self.noise * self._draw(prefix, 1 + self.seed)
+        return base.astype(np.float32)
+
+
+class FakeBranch(Branch):
+    def __init__(self, name: str, lm: ToyLM, fail_with: str | None = None):
+        self.name, self.lm, self.fail_with = name, lm, fail_with
+        self.sessions: dict[int, list[int]] = {}
+        self.ops: list[BranchOp] = []
+
+    @property
+    def calls(self) -> int:
+        return sum(1 for op in self.ops if not op.release)
+
+    async def step(self, op: BranchOp) -> BranchResult:
+        self.ops.append(op)
+        if self.fail_with:
+            raise BranchError(f"{self.name}: {self.fail_with}")
+        if op.release:
+            self.sessions.pop(op.session_id, None)
+            return BranchResult(*(np.zeros(0, np.float32),) * 4, session_len=0)
+        seq = self.sessions.get(op.session_id)
+        if seq is None:
+            if op.keep_len:
+                raise SessionMissing(f"{self.name}: session {op.session_id} missing")
+            seq = []
+        if op.keep_len > len(seq):
+            raise BranchError(f"keep_len {op.keep_len} > session length {len(seq)}")
+        seq = seq[: op.keep_len]
+        rows, positions = [], []
+        for t in op.input_ids:
+            seq.append(int(t))
+            rows.append(self.lm.logits(seq))
+            positions.append(len(seq))
+        probs = processed_probs(np.stack(rows), op.sampling)
+        tokens = list(choose(probs, op.sampling, np.asarray(positions)))
+        inputs = list(op.input_ids)
+        input_probs = [float(probs[i, inputs[i + 1]]) for i in range(len(inputs) - 1)]
+        dists = [probs[i] for i in range(len(rows))]
+        p_list = [float(probs[i, tokens[i]]) for i in range(len(rows))]
+        h_list = list(entropy(probs))
+        drafted = 1
+        while op.draft_len and drafted < op.draft_len:
+            if p_list[-1] < op.min_confidence or h_list[-1] > op.max_entropy:
+                break
+            seq.append(int(tokens[-1]))
+            pr = processed_probs(self.lm.logits(seq)[None], op.sampling)
+            tok = int(choose(pr, op.sampling, np.asarray([len(seq)]))[0])
+            tokens.append(tok)
+            p_list.append(float(pr[0, tok]))
+            h_list.append(float(entropy(pr)[0]))
+            dists.append(pr[0])
+            drafted += 1
+        self.sessions[op.session_id] = seq
+        return BranchResult(
+            tokens=np.asarray(tokens, np.int32), token_probs=np.asarray(p_list, np.float32),
+            entropy=np.asarray(h_list, np.float32), input_probs=np.asarray(input_probs, np.float32),
+            session_len=len(seq), dist=np.stack(dists) if op.return_dist else None,
+        )
+
+
+def make_pair(noise: float = 0.6):
+    """(light, heavy) fake branches: the light is the heavy LM plus noise."""
+    return FakeBranch("light", ToyLM(seed=1, noise=noise)), FakeBranch("heavy", ToyLM())

@@ -1,0 +1,160 @@
+"""Router knobs: one parser, one set of documented defaults, one error type.
+
+``RouterDefaults`` comes from the router's config.pbtxt ``parameters`` (parsed once at
+start); ``RouterParams`` is what one request runs with: the defaults overridden by the
+request's optional inputs. Every check raises ``InvalidRequest`` naming the field, the
+value and what is allowed — never a silent fallback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+MODES = ("heavy", "light", "verify", "route")
+SCHEDULES = ("fixed", "heuristic")
+TRUTHY = {"1", "true", "yes", "on"}
+FALSY = {"0", "false", "no", "off"}
+
+
+class InvalidRequest(ValueError):
+    """A request field is missing, malformed or out of range (message names the field)."""
+
+
+@dataclass(frozen=True)
+class RouterDefaults:
+    """Server-wide defaults and limits (config.pbtxt parameters of the router model)."""
+
+    mode: str = "verify"  # lossless by default; "route" trades exactness for speed
+    max_tokens: int = 64  # when a request gives no max_tokens
+    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
+    max_context: int = 32768  # prompt + generated tokens must fit (model's positions)
+    block_size: int = 5  # first block size k (tokens drafted per light call)
+    max_block_size: int = 16  # adaptive schedule never drafts more (branch max_draft_len)
+    block_schedule: str = "heuristic"  # fixed | heuristic (+2 on full accept, -1 else)
+    confidence_threshold: float = 0.8  # route: light top-1 prob needed to commit unchecked
+    entropy_threshold: float = math.inf  # route: light entropy (nats) allowed; inf = off
+    rollback_threshold: float = 0.05  # route: heavy prob of a committed token below which it is rolled back
+    rollback_window: int = 32  # route: unverified tokens held back (streaming) for rollback
+    draft_confidence_threshold: float = 0.4  # verify: light stops drafting below this prob
+    heavy_model: str = "heavy"
+    light_model: str = "light"
+
+    @classmethod
+    def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":
+        """Parse config.pbtxt parameters (string values); unknown keys are ignored."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in parameters and parameters[f.name] != "":
+                values[f.name] = _convert(f.name, parameters[f.name], type(getattr(cls, f.name)))
+        defaults = cls(**values)
+        defaults.request_params({})  # validates the defaults with the request rules
+        return defaults
+
+    def request_params(self, given: Mapping[str, Any]) -> "RouterParams":
+        """Apply one request's optional inputs (python scalars) to these defaults."""
+        return RouterParams.build(self, given)
+
+
+@dataclass(frozen=True)
+class RouterParams:
+    """What one request runs with (all fields validated)."""
+
+    mode: str
+    max_tokens: int
+    block_size: int
+    max_block_size: int
+    block_schedule: str
+    confidence_threshold: float
+    entropy_threshold: float
+    rollback_threshold: float
+    rollback_window: int
+    draft_confidence_threshold: float
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    random_seed: int = 0
+    stream: bool = False
+
+    @classmethod
+    def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
+        def pick(name, default):
+            value = given.get(name)
+            return default if value is None else value
+
+        mode = str(pick("router_mode", d.mode)).strip().lower()
+        if mode not in MODES:
+            raise InvalidRequest(f"router_mode must be one of {', '.join(MODES)}; got {mode!r}")
+        schedule = str(pick("block_schedule", d.block_schedule)).strip().lower()
+        if schedule not in SCHEDULES:
+            raise InvalidRequest(f"block_schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+        return cls(
+            mode=mode,
+            max_tokens=_int_in("max_tokens", pick("max_tokens", d.max_tokens), 1, d.max_tokens_limit),
+            block_size=_int_in("block_size", pick("block_size", d.block_size), 1, d.max_block_size),
+            max_block_size=d.max_block_size,
+            block_schedule=schedule,
+            confidence_threshold=_float_in("confidence_threshold", pick("confidence_threshold", d.confidence_threshold), 0.0, 2.0),
+            entropy_threshold=_float_in("entropy_threshold", pick("entropy_threshold", d.entropy_threshold), 0.0, math.inf),
+            rollback_threshold=_float_in("rollback_threshold", pick("rollback_threshold", d.rollback_threshold), 0.0, 1.0),
+            rollback_window=_int_in("rollback_window", pick("rollback_window", d.rollback_window), 1, d.max_tokens_limit),
+            draft_confidence_threshold=_float_in(
+                "draft_confidence_threshold", pick("draft_confidence_threshold", d.draft_confidence_threshold), 0.0, 1.0
+            ),
+            temperature=_float_in("temperature", pick("temperature", 0.0), 0.0, 100.0),
+            top_k=_int_in("top_k", pick("top_k", 0), 0, 1 << 30),
+            top_p=_float_in("top_p", pick("top_p", 1.0), 1e-6, 1.0),
+            random_seed=_int_in("random_seed", pick("random_seed", 0), 0, (1 << 64) - 1),
+            stream=_bool("stream", pick("stream", False)),
+        )
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise InvalidRequest(f"{name} must be an integer in [{low}, {high}]; got {value!r}")
+    value = int(value)
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be in [{low}, {high}]; got {value}")
+    return value
+
+
+def _float_in(name: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidRequest(f"{name} must be a number in [{low}, {high}]; got {value!r}")
+    value = float(value)
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be in [{low}, {high}]; got {value}")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, (bool, int)):
+        return bool(value)
+    raise InvalidRequest(f"{name} must be a boolean; got {value!r}")
+
+
+def _convert(name: str, text: str, kind: type) -> Any:
+    """Config string -> typed value, with the one truthy set of this project."""
+    text = text.strip()
+    try:
+        if kind is bool:
+            if text.lower() in TRUTHY:
+                return True
+            if text.lower() in FALSY:
+                return False
+            raise ValueError(text)
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        return text
+    except ValueError as exc:
+        raise InvalidRequest(f"config parameter {name} must be {kind.__name__}; got {text!r}") from exc
+
+
+def parse_bool_parameter(parameters: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean config.pbtxt parameter (same truthy set as everywhere)."""
+    if name not in parameters or parameters[name] == "":
+        return default
+    return _convert(name, parameters[name], bool)

@@ -1,0 +1,57 @@
+"""Per-request routing statistics: what each branch did and where the time went."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+LIGHT = "light"
+HEAVY = "heavy"
+
+
+@dataclass
+class RequestStats:
+    """Counters of one request; ``to_json`` is the ``routing_stats`` output."""
+
+    mode: str = ""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    light_tokens: int = 0  # generated tokens that came from the light model
+    heavy_tokens: int = 0  # generated tokens the heavy model produced itself
+    light_calls: int = 0
+    heavy_calls: int = 0
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
+    verify_blocks: int = 0  # blocks in which the heavy model checked drafts
+    rollbacks: int = 0
+    rolled_back_tokens: int = 0
+    light_ms: float = 0.0  # time awaiting the light branch (hop + queue + compute)
+    heavy_ms: float = 0.0
+    light_forward_ms: float = 0.0  # compute inside the light branch
+    heavy_forward_ms: float = 0.0
+    router_overhead_ms: float = 0.0  # total - time awaiting branches
+    first_token_ms: float = 0.0
+    total_ms: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def light_share(self) -> float:
+        return self.light_tokens / self.generated_tokens if self.generated_tokens else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean drafts accepted per verified block."""
+        return self.drafts_accepted / self.verify_blocks if self.verify_blocks else 0.0
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["light_share"] = round(self.light_share, 4)
+        d["mean_accepted"] = round(self.mean_accepted, 3)
+        d["heavy_calls_per_token"] = round(self.heavy_calls / self.generated_tokens, 4) if self.generated_tokens else 0.0
+        for k, v in d.items():
+            if isinstance(v, float):
+                d[k] = round(v, 3)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
