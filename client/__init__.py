@@ -1,0 +1,1 @@
+"""TokenRouter clients: CLI generation, benchmarks, load-test inputs."""

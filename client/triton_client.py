@@ -1,0 +1,140 @@
+"""Talk to the ``tokenrouter`` ensemble: HTTP /generate and /generate_stream, gRPC streaming.
+
+``GenerationResult`` carries the text, the routing stats, and client-side timings (time to
+first token, end-to-end). One function per transport; both take the same knobs.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MODEL = "tokenrouter"
+KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id")
+KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
+               "rollback_threshold", "draft_confidence_threshold")
+KNOBS_STR = ("router_mode", "block_schedule")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    stats: dict
+    ttft_s: float
+    latency_s: float
+    chunks: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.stats.get("generated_tokens", 0))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+
+class GenerationError(RuntimeError):
+    """The server answered with an error (its message is kept verbatim)."""
+
+
+def request_body(prompt: str, stream: bool, knobs: dict[str, Any]) -> dict:
+    body = {"text_input": prompt, "stream": stream}
+    body.update({k: v for k, v in knobs.items() if v is not None})
+    return body
+
+
+def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float = 600, **knobs) -> GenerationResult:
+    """POST /v2/models/tokenrouter/generate (or generate_stream, SSE) on ``url`` (host:port)."""
+    import requests
+
+    endpoint = "generate_stream" if stream else "generate"
+    start = time.perf_counter()
+    resp = requests.post(f"http://{url}/v2/models/{MODEL}/{endpoint}", json=request_body(prompt, stream, knobs),
+                         stream=stream, timeout=timeout_s)
+    if not stream:
+        data = resp.json()
+        if resp.status_code != 200:
+            raise GenerationError(data.get("error", resp.text))
+        latency = time.perf_counter() - start
+        return GenerationResult(data["text_output"], json.loads(data["routing_stats"]), latency, latency,
+                                [data["text_output"]])
+    chunks, stats, ttft = [], {}, 0.0
+    for line in resp.iter_lines():
+        if not line or not line.startswith(b"data:"):
+            continue
+        data = json.loads(line[5:])
+        if "error" in data:
+            raise GenerationError(data["error"])
+        if not chunks:
+            ttft = time.perf_counter() - start
+        chunks.append(data["text_output"])
+        stats = json.loads(data["routing_stats"])
+    if resp.status_code != 200:
+        raise GenerationError(resp.text)
+    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks)
+
+
+def _grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
+    def tensor(name, value, dtype, triton_type):
+        t = grpcclient.InferInput(name, [1, 1], triton_type)
+        t.set_data_from_numpy(np.array([[value]], dtype=dtype))
+        return t
+
+    inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("stream", stream, bool, "BOOL")]
+    for k, v in knobs.items():
+        if v is None:
+            continue
+        if k in KNOBS_INT:
+            inputs.append(tensor(k, int(v), np.int32, "INT32"))
+        elif k in KNOBS_FLOAT:
+            inputs.append(tensor(k, float(v), np.float32, "FP32"))
+        elif k in KNOBS_STR:
+            inputs.append(tensor(k, str(v).encode(), np.object_, "BYTES"))
+        elif k == "random_seed":
+            inputs.append(tensor(k, int(v), np.uint64, "UINT64"))
+        elif k == "stop_words":
+            t = grpcclient.InferInput("stop_words", [1, len(v)], "BYTES")
+            t.set_data_from_numpy(np.array([[w.encode() for w in v]], dtype=np.object_))
+            inputs.append(t)
+        else:
+            raise ValueError(f"unknown knob {k!r}")
+    return inputs
+
+
+def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float = 600, client=None,
+                  **knobs) -> GenerationResult:
+    """gRPC bidirectional stream (the only gRPC way to reach a decoupled model)."""
+    import tritonclient.grpc as grpcclient
+
+    own = client is None
+    client = client or grpcclient.InferenceServerClient(url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    start = time.perf_counter()
+    chunks, stats, ttft = [], {}, 0.0
+    try:
+        client.async_stream_infer(MODEL, _grpc_inputs(grpcclient, prompt, stream, knobs),
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=timeout_s)
+            if error is not None:
+                raise GenerationError(str(error))
+            response = result.get_response()
+            out = result.as_numpy("text_output")
+            if out is not None:
+                if not chunks:
+                    ttft = time.perf_counter() - start
+                chunks.append(out.reshape(-1)[0].decode("utf-8"))
+                stats = json.loads(result.as_numpy("routing_stats").reshape(-1)[0])
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+    finally:
+        client.stop_stream()
+        if own:
+            client.close()
+    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks)
