@@ -77,11 +77,12 @@ class BranchEngine:
         self.store = store or KVStore(KVShape.from_info(model.info), config.session_ttl_s,
                                       config.budget_bytes, name=name)
         self.last_batch_sizes: list[int] = []  # batch size of each forward of the last run()
+        self.last_forward_ms: list[float] = []  # and its duration
 
     # ---- public ------------------------------------------------------------------
     def run(self, ops: list[BranchOp]) -> list[BranchResult | Exception]:
         """Serve ops; result i is the BranchResult or the exception of ops[i]."""
-        self.last_batch_sizes = []
+        self.last_batch_sizes, self.last_forward_ms = [], []
         self.store.expire()
         results: list = [None] * len(ops)
         for wave in _waves(ops):
@@ -177,6 +178,7 @@ class BranchEngine:
         logits, new_kv = self.model.forward(input_ids, mask, position_ids, past)
         ms = (time.perf_counter() - t0) * 1e3
         self.last_batch_sizes.append(batch)
+        self.last_forward_ms.append(ms)
         for b, w in enumerate(works):
             self.store.append(w.session, new_kv, b, int(news[b]))
             w.forward_ms += ms
