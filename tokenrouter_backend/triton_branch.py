@@ -69,19 +69,28 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
                         intra_op_threads=num("intra_op_threads", int, 0, 0), engine=engine)
 
 
+def _family(name: str, description: str, kind):
+    """A MetricFamily kept alive in _FAMILIES: pb_utils refuses Metrics whose family was freed."""
+    family = pb_utils.MetricFamily(name, description, kind)
+    _FAMILIES.append(family)
+    return family
+
+
+_FAMILIES: list = []
+
+
 class BranchMetrics:
     """Prometheus families of one branch (labels {branch}); fed after every execute()."""
 
     def __init__(self, branch: str):
         labels = {"branch": branch}
-        gauge = pb_utils.MetricFamily.GAUGE
-        self.sessions = pb_utils.MetricFamily(
-            "tokenrouter_kv_sessions", "Live KV-cache sessions of a branch model", gauge).Metric(labels)
-        self.kv_bytes = pb_utils.MetricFamily(
-            "tokenrouter_kv_bytes", "Bytes held by a branch model's KV-cache sessions", gauge).Metric(labels)
-        counter = pb_utils.MetricFamily.COUNTER
-        dropped = pb_utils.MetricFamily("tokenrouter_kv_dropped_sessions_total",
-                                        "Sessions dropped without release (ttl or lru)", counter)
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self.sessions = _family("tokenrouter_kv_sessions", "Live KV-cache sessions of a branch model",
+                                gauge).Metric(labels)
+        self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's KV-cache sessions",
+                                gauge).Metric(labels)
+        dropped = _family("tokenrouter_kv_dropped_sessions_total",
+                          "Sessions dropped without release (ttl or lru)", counter)
         self.dropped = {r: dropped.Metric({**labels, "reason": r}) for r in ("ttl", "lru")}
         self._seen = {"ttl": 0, "lru": 0}
         self.batch = _histogram("tokenrouter_branch_batch_size", "Sessions per batched forward",
@@ -107,8 +116,8 @@ class _SumCount:
 
     def __init__(self, name: str, description: str, labels: dict):
         counter = pb_utils.MetricFamily.COUNTER
-        self.sum = pb_utils.MetricFamily(f"{name}_sum", description + " (sum)", counter).Metric(labels)
-        self.count = pb_utils.MetricFamily(f"{name}_count", description + " (count)", counter).Metric(labels)
+        self.sum = _family(f"{name}_sum", description + " (sum)", counter).Metric(labels)
+        self.count = _family(f"{name}_count", description + " (count)", counter).Metric(labels)
 
     def observe(self, value: float) -> None:
         self.sum.increment(value)
@@ -119,7 +128,7 @@ def _histogram(name: str, description: str, buckets: list, labels: dict):
     kind = getattr(pb_utils.MetricFamily, "HISTOGRAM", None)
     if kind is None:
         return _SumCount(name, description, labels)
-    return pb_utils.MetricFamily(name, description, kind).Metric(labels, buckets=buckets)
+    return _family(name, description, kind).Metric(labels, buckets=buckets)
 
 
 class TritonPythonModel:
@@ -163,9 +172,17 @@ class TritonPythonModel:
             results = [RuntimeError(f"{self.name}: internal error: {type(exc).__name__}: {exc}")] * len(ops)
         for i, result in zip(where, results):
             responses[i] = _error(str(result)) if isinstance(result, Exception) else _response(result)
-        if self.metrics is not None:
-            self.metrics.record(self.engine)
+        self._record_metrics()
         return responses
+
+    def _record_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.record(self.engine)
+        except Exception as exc:  # noqa: BLE001 - observability never fails a request
+            pb_utils.Logger.log_warn(f"{self.name}: metrics disabled after error: {exc}")
+            self.metrics = None
 
     def finalize(self) -> None:
         sessions = self.engine.store.session_count
