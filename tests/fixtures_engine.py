@@ -73,15 +73,19 @@ def toy_lm() -> ToyLM:
     return ToyLM()
 
 
-def export_tiny_qwen(out_dir: Path, seed: int = 0, max_positions: int = 256) -> Path:
-    """Random tiny Qwen2ForCausalLM -> out_dir/model.onnx + model.json (architecture.md I/O)."""
+def export_tiny_qwen(out_dir: Path, seed: int = 0, max_positions: int = 256, **sizes) -> Path:
+    """Random tiny Qwen2ForCausalLM -> out_dir/model.onnx + model.json (architecture.md I/O).
+
+    ``sizes`` override the Qwen2Config fields (vocab_size, hidden_size, num_hidden_layers, ...).
+    """
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.cache_utils import DynamicCache
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+    fields = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+    cfg = Qwen2Config(**{**fields, **sizes}, max_position_embeddings=max_positions,
                       tie_word_embeddings=False, attn_implementation="eager")
     model = Qwen2ForCausalLM(cfg).eval()
     layers, heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads

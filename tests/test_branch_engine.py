@@ -8,7 +8,7 @@ from fixtures_engine import ToyLM, tiny_qwen_dir  # noqa: F401 - fixture
 from tokenrouter_backend.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
 from tokenrouter_backend.kv_store import KVShape, KVStore
-from tokenrouter_backend.sampling import softmax
+from tokenrouter_backend.sampling import entropy, softmax
 
 PROMPTS = {1: (3, 4, 5), 2: (7,), 3: (9, 8, 7, 6, 5, 4, 3, 2), 4: (11, 12)}
 
@@ -55,9 +55,11 @@ def test_prefill_matches_uncached_model():
     model = ToyLM()
     results = prefill(engine(model))
     for (sid, ids), res in zip(PROMPTS.items(), results):
-        tokens, top1, _ = full_prefix_greedy(model, ids)
+        tokens, top1, probs = full_prefix_greedy(model, ids)
         np.testing.assert_array_equal(res.tokens, tokens)
         np.testing.assert_allclose(res.token_probs, top1, atol=1e-5)
+        np.testing.assert_allclose(res.entropy, entropy(probs), atol=1e-5)
+        np.testing.assert_allclose(res.input_probs, probs[np.arange(len(ids) - 1), ids[1:]], atol=1e-6)
         assert res.session_len == len(ids) and res.batch_size == 4
 
 
@@ -115,6 +117,13 @@ def test_drafting_stops_at_min_confidence_and_max_entropy():
     ent_stop = int(np.argmax(full.entropy[1:] > ent_cut))
     res = ok(eng.run([BranchOp(1, 0, (3, 4), draft_len=12, max_entropy=ent_cut)])[0])
     assert len(res.tokens) == 2 + ent_stop
+
+
+def test_greedy_dist_is_the_softmax():
+    model = ToyLM()
+    res = ok(engine(model).run([BranchOp(1, 0, (3, 4, 5), return_dist=True)])[0])
+    _, _, probs = full_prefix_greedy(model, (3, 4, 5))
+    np.testing.assert_allclose(res.dist, probs, atol=1e-6)
 
 
 def test_sampling_is_seeded_and_dist_returned():

@@ -146,8 +146,8 @@ class BranchEngine:
         logits = self._forward(works, ids)
         for row, w in enumerate(works):
             n = len(ids[row])
-            probs = self._score(w, logits[row, :n], positions[row] + 1 + np.arange(n))
-            w.input_probs = probs[np.arange(n - 1), ids[row][1:]].astype(np.float32)
+            weights, scale = self._score(w, logits[row, :n], positions[row] + 1 + np.arange(n))
+            w.input_probs = (weights[np.arange(n - 1), ids[row][1:]] * scale[:-1]).astype(np.float32)
             w.batch_size = len(works)
             w.drafted = 1 if w.op.draft_len > 0 else 0
 
@@ -185,17 +185,28 @@ class BranchEngine:
         return logits
 
     # ---- scoring -----------------------------------------------------------------
-    def _score(self, w: _Work, logits: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Choose a token per row; record choice, its probability, entropy (and dist)."""
+    def _score(self, w: _Work, logits: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Choose a token per row; record choice, its probability, entropy (and dist).
+
+        Returns (weights [rows, V], scale [rows]): the distribution is weights * scale, so
+        greedy rows never divide the full vocabulary unless a dist is asked for.
+        """
         sampling = w.op.sampling
-        probs = smp.processed_probs(logits, sampling)  # [rows, V], the only full-vocab softmax
-        chosen = smp.choose(probs, sampling, positions)
-        w.tokens.append(chosen)
-        w.probs.append(probs[np.arange(len(chosen)), chosen].astype(np.float32))
-        w.entropy.append(smp.entropy(probs))
+        if sampling.greedy:
+            chosen, weights, scale, ent = _greedy_rows(logits)
+            token_probs = scale  # the top-1 weight is exp(0) = 1
+        else:
+            weights = smp.processed_probs(logits, sampling)  # the only full-vocab softmax
+            scale = np.ones(len(weights), dtype=np.float32)
+            chosen = smp.choose(weights, sampling, positions)
+            token_probs = weights[np.arange(len(chosen)), chosen]
+            ent = smp.entropy(weights)
+        w.tokens.append(chosen.astype(np.int32))
+        w.probs.append(token_probs.astype(np.float32))
+        w.entropy.append(ent.astype(np.float32))
         if w.op.return_dist:
-            w.dists.append(probs)
-        return probs
+            w.dists.append(weights * scale[:, None])
+        return weights, scale
 
     def _result(self, w: _Work) -> BranchResult:
         return BranchResult(
@@ -208,6 +219,21 @@ class BranchEngine:
             forward_ms=w.forward_ms,
             batch_size=w.batch_size,
         )
+
+
+def _greedy_rows(logits: np.ndarray):
+    """Softmax facts of logits [rows, V] in one exp pass: argmax, exp(z), 1/sum, entropy.
+
+    With z = logits - rowmax, p = exp(z) / S, S = sum exp(z): top-1 p = 1/S and the entropy
+    -sum p log p = log S - sum(exp(z) z) / S (no log over the vocabulary).
+    """
+    rows = np.arange(len(logits))
+    top = logits.argmax(axis=-1)
+    z = logits - logits[rows, top][:, None]  # float32 copy; the max is at 0
+    weights = np.exp(z)
+    total = weights.sum(axis=-1)
+    ent = np.log(total) - np.einsum("ij,ij->i", weights, z) / total
+    return top, weights, (1.0 / total).astype(np.float32), ent
 
 
 def _waves(ops: list[BranchOp]) -> list[list[int]]:
