@@ -259,3 +259,15 @@ def test_onnx_batched_equals_one_at_a_time_and_uncached(onnx_lm):
         assert len(seq) == res.session_len
         ref, _, _ = full_prefix_greedy(onnx_lm, seq)
         np.testing.assert_array_equal(res.tokens, ref[op.keep_len:])
+
+
+def test_sessions_of_the_running_batch_are_never_evicted():
+    model = ToyLM()
+    shape = KVShape.from_info(model.info)
+    store = KVStore(shape, budget_bytes=64 * shape.bytes_per_token())  # room for one session
+    eng = BranchEngine(model, store, EngineConfig(max_batch=1))
+    res = eng.run([BranchOp(sid, 0, (1, 2)) for sid in (1, 2, 3)])  # three forwards
+    assert all(ok(r).session_len == 2 for r in res)
+    assert store.session_count == 3  # over budget, but all pinned by this run
+    ok(eng.run([BranchOp(4, 0, (5,))])[0])
+    assert sorted(store._sessions) == [4]

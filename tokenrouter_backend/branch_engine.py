@@ -78,6 +78,7 @@ class BranchEngine:
                                       config.budget_bytes, name=name)
         self.last_batch_sizes: list[int] = []  # batch size of each forward of the last run()
         self.last_forward_ms: list[float] = []  # and its duration
+        self._pinned: set[int] = set()
 
     # ---- public ------------------------------------------------------------------
     def run(self, ops: list[BranchOp]) -> list[BranchResult | Exception]:
@@ -85,6 +86,7 @@ class BranchEngine:
         self.last_batch_sizes, self.last_forward_ms = [], []
         self.store.expire()
         results: list = [None] * len(ops)
+        self._pinned = {op.session_id for op in ops}  # never LRU-evicted during this run
         for wave in _waves(ops):
             releases = [i for i in wave if ops[i].release]
             for i in releases:
@@ -105,7 +107,6 @@ class BranchEngine:
                 results[i] = exc
         if not works:
             return
-        pinned = [w.session.session_id for w in works]
         try:
             self._extend(works)
             drafting = [w for w in works if w.wants_more(self.max_len)]
@@ -118,7 +119,7 @@ class BranchEngine:
                 results[w.index] = err
             return
         finally:
-            self.store.evict_to_budget(pinned)
+            self.store.evict_to_budget(self._pinned)
         for w in works:
             results[w.index] = self._result(w)
 
