@@ -148,6 +148,7 @@ def test_bad_op_fails_alone():
         BranchOp(2, 5, (1,)),  # keep_len beyond the session's 1 token
         BranchOp(3, 8, tuple(range(60))),  # 68 > 64 positions
         BranchOp(4, 2, (1,), draft_len=5),  # draft_len above max_draft_len
+        BranchOp(5, 0, (1, 50)),  # token outside the vocabulary of 50
     ]
     res = eng.run(ops)
     alone = engine(max_draft_len=4)
@@ -157,6 +158,8 @@ def test_bad_op_fails_alone():
     assert isinstance(res[2], BranchError) and "keep_len 5" in str(res[2]) and "1 tokens" in str(res[2])
     assert isinstance(res[3], BranchError) and "64" in str(res[3]) and "68" in str(res[3])
     assert isinstance(res[4], BranchError) and "draft_len 5" in str(res[4])
+    assert isinstance(res[5], BranchError) and "token 50, outside the vocabulary 0..49" in str(res[5])
+    assert 5 not in eng.store
     assert all(str(r).startswith("light:") for r in res[1:])
     assert eng.store.get(2).length == 1  # failed ops leave their sessions untouched
 

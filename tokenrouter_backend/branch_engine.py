@@ -128,6 +128,10 @@ class BranchEngine:
         n = len(op.input_ids)
         if n < 1:
             raise BranchError(f"{self.name}: input_ids needs at least one token")
+        vocab = self.model.info.vocab_size
+        if min(op.input_ids) < 0 or max(op.input_ids) >= vocab:
+            bad = next(t for t in op.input_ids if not 0 <= t < vocab)
+            raise BranchError(f"{self.name}: input_ids holds token {bad}, outside the vocabulary 0..{vocab - 1}")
         if not 0 <= op.draft_len <= self.config.max_draft_len:
             raise BranchError(f"{self.name}: draft_len {op.draft_len} outside 0..{self.config.max_draft_len}")
         if op.keep_len + n > self.max_len:
