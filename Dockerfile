@@ -25,4 +25,4 @@ CMD ["tritonserver", "--model-repository=/models"]
 FROM serve AS export
 COPY docker/requirements-export.txt docker/
 RUN python3 -m pip install -r docker/requirements-export.txt
-ENTRYPOINT ["/opt/tokenrouter/docker/export.sh"]
+ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/tokenrouter/docker/export.sh"]
