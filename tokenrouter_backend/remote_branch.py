@@ -39,6 +39,7 @@ DEFAULT_CONNECT_RETRIES = 3  # retries after the first attempt when the server i
 DEFAULT_BACKOFF_S = 0.25  # first retry delay; doubles each retry
 MAX_BACKOFF_S = 2.0  # cap of one retry delay
 SESSION_MISSING_TAG = "SessionMissing"  # branch glue puts the exception class in the message
+RECONNECT_BACKOFF_MS = 100  # gRPC's own reconnect delay after a refused connect (default 1 s)
 
 _UNREACHABLE = ("StatusCode.UNAVAILABLE",)
 _TIMED_OUT = ("StatusCode.DEADLINE_EXCEEDED",)
@@ -122,7 +123,7 @@ class RemoteBranch(Branch):
         if self._client is None:
             import tritonclient.grpc.aio as grpcclient
 
-            self._client = grpcclient.InferenceServerClient(self.url)
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
     async def _drop_client(self) -> None:
@@ -161,6 +162,30 @@ class RemoteBranch(Branch):
         if any(code in _status(exc) for code in _TIMED_OUT):
             return BranchError(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
         return BranchError(f"{self.where}: {msg}")
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's defaults plus a private subchannel pool and short reconnect backoff.
+
+    gRPC shares subchannels between channels by default, so a "fresh" channel would inherit
+    the old one's reconnect backoff (up to minutes) after the remote was down.
+    """
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", 10 * RECONNECT_BACKOFF_MS),
+    ]
 
 
 def _status(exc: Exception) -> str:
