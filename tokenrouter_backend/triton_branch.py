@@ -16,7 +16,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from .branch_engine import BranchEngine, EngineConfig
-from .branch_protocol import op_from_arrays, result_to_arrays
+from .branch_protocol import SessionMissing, op_from_arrays, result_to_arrays
 
 DEVICES = ("cpu", "cuda", "tensorrt")
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32]
@@ -171,7 +171,7 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"{self.name}: engine failed:\n{traceback.format_exc()}")
             results = [RuntimeError(f"{self.name}: internal error: {type(exc).__name__}: {exc}")] * len(ops)
         for i, result in zip(where, results):
-            responses[i] = _error(str(result)) if isinstance(result, Exception) else _response(result)
+            responses[i] = _error(_message(result)) if isinstance(result, Exception) else _response(result)
         self._record_metrics()
         return responses
 
@@ -197,6 +197,11 @@ def _input(request, name: str):
 def _response(result):
     tensors = [pb_utils.Tensor(name, array) for name, array in result_to_arrays(result).items()]
     return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _message(exc: Exception) -> str:
+    # the router (BLS or remote) recognises an expired session by its class name
+    return f"{type(exc).__name__}: {exc}" if isinstance(exc, SessionMissing) else str(exc)
 
 
 def _error(message: str):
