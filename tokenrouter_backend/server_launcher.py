@@ -25,6 +25,7 @@ manager it starts, waits and always stops.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import importlib.util
 import os
@@ -64,6 +65,7 @@ PORT_RETRIES = 3                  # re-pick automatically chosen ports this ofte
 LOG_TAIL_LINES = 40
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 PACKAGE_NAME = "tokenrouter_backend"
+PR_SET_PDEATHSIG = 1              # linux/prctl.h
 
 FAILED_LOAD_RE = re.compile(r"failed to load '([^']+)'(?: version \d+)?: (.*)")
 PORT_IN_USE_RE = re.compile(r"already in use", re.IGNORECASE)
@@ -243,9 +245,12 @@ def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
 class TritonServer:
     """One tritonserver process on a model repository.
 
-    Ports left as ``None`` are picked free on loopback. ``model_control_mode`` is ``none``
-    (load everything at start), ``explicit`` (load ``load_models``, default ``["*"]``, and
-    allow load/unload calls) or ``poll``.
+    Ports left as ``None`` are picked free on loopback (re-picked if one is taken meanwhile).
+    ``model_control_mode`` is ``none`` (load everything at start), ``explicit`` (load
+    ``load_models``, default ``["*"]``, and allow `load_model`/`unload_model`) or ``poll``.
+    ``shm_default_bytes``/``shm_growth_bytes``: the Python backend's shared memory per model
+    instance (see DEFAULT_SHM_BYTES). ``log_path``: stdout+stderr of the server and its
+    stubs (appended). ``ready_timeout_s``: default of `wait_ready`.
     """
 
     def __init__(self, repository: Path | str, *, http_port: int | None = None,
@@ -257,6 +262,7 @@ class TritonServer:
                  log_path: Path | str | None = None, log_verbose: int = 0,
                  ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
                  exit_timeout_s: int = DEFAULT_EXIT_TIMEOUT_S,
+                 terminate_with_parent: bool = True,
                  extra_args: Sequence[str] = ()):
         if model_control_mode not in MODEL_CONTROL_MODES:
             raise ValueError(f"model_control_mode must be one of {MODEL_CONTROL_MODES}, "
@@ -275,6 +281,7 @@ class TritonServer:
         self.log_verbose = log_verbose
         self.ready_timeout_s = ready_timeout_s
         self.exit_timeout_s = exit_timeout_s
+        self.terminate_with_parent = terminate_with_parent
         self.extra_args = list(extra_args)
         self._proc: subprocess.Popen | None = None
         self._log_offset = 0
@@ -326,7 +333,12 @@ class TritonServer:
         return cmd + self.extra_args
 
     def start(self) -> "TritonServer":
-        """Spawn the server (returns at once; see `wait_ready`)."""
+        """Spawn the server (returns at once; see `wait_ready`).
+
+        With ``terminate_with_parent`` (default) the server gets SIGTERM when the *thread*
+        that called start() ends, so a killed launcher leaves no server behind — call it from
+        a long-lived thread (normally the main one).
+        """
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 raise TritonServerError(f"tritonserver already running (pid {self._proc.pid})")
@@ -340,7 +352,8 @@ class TritonServer:
                 self._proc = subprocess.Popen(
                     self.command(backend_dir, install), stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, env=server_environment(install),
-                    start_new_session=True)  # own process group: stop() kills stubs with it
+                    start_new_session=True,  # own process group: stop() kills stubs with it
+                    preexec_fn=_terminate_with_parent if self.terminate_with_parent else None)
         return self
 
     def wait_ready(self, timeout_s: float | None = None) -> "TritonServer":
@@ -465,6 +478,19 @@ class TritonServer:
         if not errors and tail:
             message = f"{message}; last log lines:\n{tail}"
         raise TritonServerError(message, errors, self.log_path, tail)
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the launching thread dies (Linux prctl).
+
+    The server runs in its own session, so without this a launcher killed with SIGKILL
+    would leave tritonserver running.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: stop() remains the only way
+        pass
 
 
 def _group_pids(pgid: int) -> list[int]:
