@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
-STAMP=$VENV/.tokenrouter-installed   # newer than pyproject.toml = nothing to install
+STAMP=$VENV/.tokenrouter-installed   # what was installed: pyproject.toml + top-level packages
 
 install_debian_packages() {
   dpkg -s libb64-0d >/dev/null 2>&1 && return 0
@@ -24,8 +24,12 @@ install_debian_packages
 "$PY" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 13)))' || {
   echo "setup: $PY is $("$PY" --version 2>&1); TokenRouter needs Python 3.10-3.13" >&2; exit 1; }
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+# The editable install maps the top-level packages that exist when it runs: reinstall when
+# pyproject.toml changes or a package (export/, client/, ...) appears.
+wanted=$(cat pyproject.toml; ls -d ./*/__init__.py 2>/dev/null)
+wanted=$(printf '%s' "$wanted" | sha256sum | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$wanted" ]; then
   echo "setup: installing TokenRouter into $VENV (first run takes a few minutes)"
   $VENV/bin/python -m pip install -q -e ".[dev]"
-  touch "$STAMP"
+  echo "$wanted" > "$STAMP"
 fi

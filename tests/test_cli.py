@@ -40,7 +40,7 @@ def _server_pids(repo: Path) -> list[int]:
 def test_unavailable_subcommand_fails_alone(monkeypatch, capsys):
     monkeypatch.setattr(cli, "SUBCOMMANDS", cli.SUBCOMMANDS + (
         cli.Subcommand("ghost", "tokenrouter_backend.no_such_module", "missing"),))
-    assert cli.main(["ghost"]) == cli.EXIT_USAGE
+    assert cli.main(["ghost", "--its-own-option", "x"]) == cli.EXIT_USAGE
     assert "tokenrouter_backend.no_such_module" in capsys.readouterr().err
 
 

@@ -67,18 +67,18 @@ def _selected(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, loaded = build_parser(_selected(argv))
+    selected = _selected(argv)
+    parser, loaded = build_parser(selected)
+    if isinstance(loaded.get(selected), ImportError):  # before parsing: its options are unknown
+        spec = next(c for c in SUBCOMMANDS if c.name == selected)
+        print(f"tokenrouter {selected}: unavailable — cannot import {spec.module}: "
+              f"{loaded[selected]}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
-    module = loaded.get(args.command)
-    if isinstance(module, ImportError):
-        spec = next(c for c in SUBCOMMANDS if c.name == args.command)
-        print(f"tokenrouter {args.command}: unavailable — cannot import {spec.module}: {module}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    return int(module.run(args) or 0)
+    return int(loaded[args.command].run(args) or 0)
 
 
 if __name__ == "__main__":
