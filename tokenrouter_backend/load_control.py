@@ -14,10 +14,10 @@ Actions (each bounded, each undone when its signal recovers):
 
 1. block cap — with per-token acceptance a, the expected run of accepted drafts is
    a / (1 - a); drafting more than that + 1 mostly wastes light forwards, so the block
-   is capped at clamp(ceil(a / (1 - a)) + 1, 1, max_block_size).
+   is capped at clamp(round(a / (1 - a)) + 1, 1, max_block_size).
 2. verify, acceptance < ``min_acceptance``: drafting is suspended (blocks run heavy-only,
-   still lossless); every ``probe_every``-th block of a request still drafts so the
-   acceptance estimate keeps moving; resumes at ``resume_acceptance``.
+   still lossless); every ``probe_every``-th block (counted across requests) still
+   drafts a full ``block_size`` (uncapped) so the acceptance estimate keeps moving; resumes at ``resume_acceptance``.
 3. route, heavy saturated: the confidence threshold is lowered by ``confidence_relief``
    but never below ``confidence_floor``, so more non-critical (moderately confident)
    tokens stay on light; tokens below the floor still go to heavy.
@@ -25,7 +25,6 @@ Actions (each bounded, each undone when its signal recovers):
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from .hooks import BlockPlan, BlockRecord
@@ -45,7 +44,7 @@ class LoadConfig:
     min_acceptance: float = 0.3  # verify: suspend drafting below this per-token acceptance
     resume_acceptance: float = 0.45  # ... resume at or above this
     min_observations: float = 20.0  # verdicts needed before acceptance acts
-    probe_every: int = 8  # while suspended, every Nth block of a request drafts anyway
+    probe_every: int = 8  # while suspended, every Nth block (all requests) drafts anyway
     confidence_relief: float = 0.2  # route under saturation: threshold lowered by this
     confidence_floor: float = 0.5  # ... but never below this
 
@@ -59,6 +58,7 @@ class LoadController:
         self.failures = 0.0
         self.saturated = False
         self.suspended = False
+        self._suspended_blocks = 0  # blocks planned while suspended (probe counter)
 
     # ---- signals ----------------------------------------------------------------------
     @property
@@ -74,7 +74,7 @@ class LoadController:
             self._queue_seen = True
         if record.heavy_agree:
             lead = next((i for i, a in enumerate(record.heavy_agree) if not a), len(record.heavy_agree))
-            decay = 1 - c.ewma_alpha / 4  # per block; ~20 blocks of memory at the default alpha
+            decay = 1 - c.ewma_alpha / 2  # per block with verdicts; ~10 blocks of memory at the default alpha
             self.successes = self.successes * decay + lead
             self.failures = self.failures * decay + (1 if lead < len(record.heavy_agree) else 0)
         self._update_states()
@@ -97,7 +97,7 @@ class LoadController:
         a = self.acceptance
         if a is None or a >= 1.0:
             return max_block
-        return max(1, min(max_block, math.ceil(a / (1 - a)) + 1))
+        return max(1, min(max_block, round(a / (1 - a)) + 1))
 
     @property
     def level(self) -> int:
@@ -105,13 +105,15 @@ class LoadController:
             return LEVEL_RELIEVED
         return LEVEL_CAPPED if self.block_cap(1 << 30) < (1 << 30) else LEVEL_NORMAL
 
-    def plan(self, params: RouterParams, block: int, probe: bool = False) -> BlockPlan:
+    def plan(self, params: RouterParams, block: int) -> BlockPlan:
         """The next block of one request under the current load."""
         if not self.config.control:
             return BlockPlan(params, block, params.mode)
         c, mode = self.config, params.mode
-        if mode == "verify" and self.suspended and not probe:
-            return BlockPlan(params, params.block_size, "heavy")
+        if mode == "verify" and self.suspended:
+            self._suspended_blocks += 1
+            # heavy-only block; a probe drafts a full block_size to measure acceptance again
+            return BlockPlan(params, params.block_size, "verify" if self._suspended_blocks % max(1, c.probe_every) == 0 else "heavy")
         block = min(block, self.block_cap(params.max_block_size))
         if mode == "route" and self.saturated and params.confidence_threshold > c.confidence_floor:
             relieved = max(c.confidence_floor, params.confidence_threshold - c.confidence_relief)

@@ -169,8 +169,7 @@ class RequestHooks:
             threshold = self.ops.conservative.floor(self.dynamic.threshold(params.confidence_threshold))
             if threshold != params.confidence_threshold:
                 params = dataclasses.replace(params, confidence_threshold=threshold)
-        probe = self.blocks % max(1, self.ops.load_config.probe_every) == 0
-        return self.ops.load.plan(params, block, probe)
+        return self.ops.load.plan(params, block)
 
     def after_block(self, record: BlockRecord) -> None:
         self.dynamic.observe(record)
