@@ -4,8 +4,8 @@ Conservative start: a ``route`` deployment starts at ``start_threshold`` (heavy 
 uncertain) and lowers its confidence threshold in ``step``s toward the configured
 ``confidence_threshold`` — one step only once the heavy verdicts logged so far (verify
 blocks and route fallbacks) show that among light tokens at or above the next threshold
-at least ``min_samples`` were checked and at most ``max_disagreement`` of them were not
-the heavy model's choice. It never widens past the configured threshold and never
+at least ``min_samples`` were checked since the last step and at most ``max_disagreement``
+of them were not the heavy model's choice. It never widens past the configured threshold and never
 narrows again on its own (the roll-back switch is the operator's tool for that).
 
 Dynamic threshold: with quantile q > 0 a request's threshold for its next block is the
@@ -72,6 +72,8 @@ class ConservativeStart:
         n, m = self.checked[b:].sum(), self.disagreed[b:].sum()
         if n >= c.min_samples and m / n <= c.max_disagreement:
             self.threshold = nxt
+            self.checked[:] = 0  # each step needs its own fresh evidence
+            self.disagreed[:] = 0
 
     def floor(self, threshold: float) -> float:
         """A request's route threshold with the conservative floor applied."""
