@@ -42,7 +42,7 @@ def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, **knobs) -> tuple[li
         inputs.append(tensor(name, [value.encode() if dtype is np.object_ else value], dtype, kind))
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
-    client.start_stream(callback=lambda r, e: results.put((r, e)))
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
     tokens, stats = [], {}
     try:
         client.async_stream_infer("router", inputs)

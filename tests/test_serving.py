@@ -162,7 +162,7 @@ def test_wrong_dtype_is_named(server):
     bad.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda r, e: results.put(e))
+    client.start_stream(callback=lambda result, error: results.put(error))
     try:
         client.async_stream_infer("tokenrouter", [text, bad])
         error = results.get(timeout=60)
@@ -185,7 +185,7 @@ def test_cancelled_stream_releases_sessions(server):
         inputs.append(t)
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda r, e: got.put((r, e)))
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
     client.async_stream_infer("tokenrouter", inputs)
     got.get(timeout=60)  # at least one chunk arrived: the request is mid-generation
     client.stop_stream(cancel_requests=True)
