@@ -69,7 +69,7 @@ def model_stats(http_url: str, model: str) -> dict:
 
 def scrape_metric(metrics_url: str, name: str, labels: dict[str, str]) -> float:
     """Value of one Prometheus sample (labels must match exactly the given subset)."""
-    with urllib.request.urlopen(f"{metrics_url}/metrics") as r:
+    with urllib.request.urlopen(metrics_url) as r:  # TritonServer.metrics_url ends in /metrics
         text = r.read().decode()
     for line in text.splitlines():
         m = re.match(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", line)
