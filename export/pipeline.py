@@ -1,7 +1,7 @@
 """``tokenrouter export``: a heavy/light pair (HF folders or GGUF files) -> ONNX branches,
 validated, and (with a template) a filled Triton model repository.
 
-Branch ONNX files are built in a work directory (default ``OUT/.build``) with one stamp per
+Branch ONNX files are built in a work directory (default ``.<OUT name>.build`` beside OUT) with one stamp per
 branch (hash of the source's files + the options that shape that branch); a branch whose
 stamp matches is reused, so a second run does no work. The demo export keeps its work
 directory in the data cache and later repositories hard-link from it.
@@ -51,7 +51,7 @@ class ExportOptions:
     skip_validation: bool = False
     max_context: int = 0  # 0 = min of the two models' max_position_embeddings
     template: Path | None = DEFAULT_TEMPLATE  # None: build the ONNX branches only
-    work_dir: Path | None = None  # None: OUT/.build
+    work_dir: Path | None = None  # None: default_work_dir(OUT)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -232,6 +232,11 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
     }
 
 
+def default_work_dir(out: Path) -> Path:
+    """Beside OUT, hidden, so Triton never sees it as a model: ``.<name>.build``."""
+    return out.parent / f".{out.name}.build"
+
+
 def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOptions()) -> dict:
     """Export a pair; returns the export report (also OUT/export.json when a template is used)."""
     t0 = time.perf_counter()
@@ -239,7 +244,7 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
     tokenizer = load_tokenizer(heavy_source)
     check_tokenizers(tokenizer, load_tokenizer(light_source))
     out = Path(out).expanduser()
-    work = Path(options.work_dir).expanduser() if options.work_dir else out / ".build"
+    work = Path(options.work_dir).expanduser() if options.work_dir else default_work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     tok_dir = save_tokenizer(tokenizer, work)
     heavy = export_heavy(heavy_source, tokenizer, work, options)
@@ -270,7 +275,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-validation", action="store_true", help="do not compare with transformers")
     parser.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE, help="model repository template")
     parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where branch ONNX is built (default OUT/.build)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where branch ONNX is built (default .OUT.build beside OUT)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,9 +24,9 @@ VOCAB_SIZE = 768  # BPE vocabulary incl. 256 byte symbols and the special tokens
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 SEQ_LEN = 64  # training window
-BATCH = 16
+BATCH = 8
 SEED = 1234
-BUILD_VERSION = 1  # bump when anything above or the model presets change
+BUILD_VERSION = 2  # bump when anything above or the model presets change
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,17 @@ TINY_DIR_ENV = "TOKENROUTER_TINY_DIR"  # reuse a pair built earlier (stamp-check
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     """(heavy_dir, light_dir) of the tiny pair."""
     root = os.environ.get(TINY_DIR_ENV)
-    out = Path(root) if root else tmp_path_factory.mktemp("tiny_pair")
+    # a fixed folder: modules importing this fixture get their own instance, the stamp dedups
+    out = Path(root) if root else tmp_path_factory.getbasetemp() / "tiny_pair"
     return build_tiny_pair(out)
 
 
 @pytest.fixture(scope="session")
 def tiny_template(tmp_path_factory) -> Path:
     """A minimal repository template using every placeholder the exporter provides."""
-    root = tmp_path_factory.mktemp("template")
+    root = tmp_path_factory.getbasetemp() / "template"
+    if root.exists():
+        return root
     for model, keys in {
         "heavy": ("heavy_device", "heavy_threads", "heavy_precision", "max_context"),
         "light": ("light_device", "light_threads", "light_precision", "max_context"),
@@ -44,6 +47,6 @@ def tiny_template(tmp_path_factory) -> Path:
 def tiny_export(tiny_pair, tiny_template, tmp_path_factory) -> tuple[Path, dict]:
     """The tiny pair exported (light quant auto) into a repository; (out_dir, report)."""
     heavy, light = tiny_pair
-    out = tmp_path_factory.mktemp("repo")
+    out = tmp_path_factory.getbasetemp() / "repo"  # fixed: a second instance is up to date
     report = export_pair(heavy, light, out, ExportOptions(template=tiny_template))
     return out, report
