@@ -20,6 +20,7 @@ from tokenrouter_backend.onnx_lm import INFO_FILE, MODEL_FILE, ModelInfo
 OPSET = 17
 DATA_FILE = MODEL_FILE + ".data"
 EXTERNAL_DATA_BYTES = 1_800_000_000  # above this, weights go to DATA_FILE (protobuf limit 2 GB)
+INLINE_TENSOR_BYTES = 1024  # smaller initializers stay inside model.onnx
 # Trace shapes: a batch of 2 with a left-padded past and right-padded new tokens, so no
 # shape is 0 or 1 (the tracer would fold it into a constant) and no mask is all ones.
 TRACE_BATCH, TRACE_PAST, TRACE_NEW = 2, 3, 2
@@ -142,9 +143,12 @@ def export_model(model, out_dir: Path, *, half: bool = False) -> Path:
 
 
 def consolidate_external_data(src: Path, dst: Path) -> None:
-    """Rewrite a model whose weights lie in many files into dst + one dst.data, streaming."""
+    """Rewrite a model whose weights lie in many files (or inline) into dst + one dst.data.
+
+    Streams tensor by tensor (page-aligned, so ORT can mmap); small tensors stay inline.
+    """
     import onnx
-    from onnx.external_data_helper import ExternalDataInfo, set_external_data, uses_external_data
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     model = onnx.load(str(src), load_external_data=False)
     data_path = dst.parent / (dst.name + ".data")
@@ -156,19 +160,29 @@ def consolidate_external_data(src: Path, dst: Path) -> None:
                 with open(src.parent / info.location, "rb") as f:
                     f.seek(info.offset or 0)
                     blob = f.read(info.length) if info.length else f.read()
-            elif len(tensor.raw_data) > 1024:
+            elif len(tensor.raw_data) > INLINE_TENSOR_BYTES:
                 blob = tensor.raw_data
             else:
                 continue
-            pad = (-offset) % 4096  # page-aligned, so ORT can mmap
+            pad = (-offset) % 4096
             out.write(b"\0" * pad)
             offset += pad
             out.write(blob)
-            tensor.ClearField("raw_data")
-            set_external_data(tensor, location=data_path.name, offset=offset, length=len(blob))
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+            _point_to(tensor, data_path.name, offset, len(blob))
             offset += len(blob)
     onnx.save_model(model, str(dst))
+
+
+def _point_to(tensor, location: str, offset: int, length: int) -> None:
+    """Make ``tensor`` refer to (location, offset, length) instead of holding its bytes."""
+    import onnx
+
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
 def _all_tensors(model):

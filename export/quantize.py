@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenrouter_backend.onnx_lm import INFO_FILE, MODEL_FILE, ModelInfo
 
-from .onnx_export import DATA_FILE
+from .onnx_export import DATA_FILE, EXTERNAL_DATA_BYTES
 
 QUANT_MODES = ("dynamic", "dynamic-per-channel", "matmulnbits8")
 AUTO = "auto"
@@ -52,7 +52,7 @@ def quantize_nbits8(src_dir: Path, dst_dir: Path) -> None:
     )
     quant.process()
     out = Path(dst_dir) / MODEL_FILE
-    large = quant.model.model.ByteSize() > 1_800_000_000 if not _has_data(src_dir) else True
+    large = _has_data(src_dir) or quant.model.model.ByteSize() > EXTERNAL_DATA_BYTES
     quant.model.save_model_to_file(str(out), use_external_data_format=large)
 
 

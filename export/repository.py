@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenrouter_backend.onnx_lm import INFO_FILE
 
-from .onnx_export import onnx_files
+from .onnx_export import DATA_FILE, onnx_files
 
 CONFIG_FILE = "config.pbtxt"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -72,9 +72,8 @@ def place_branch(branch_dir: Path, out: Path, role: str) -> None:
     dst = Path(out) / BRANCH_DIRS[role]
     dst.mkdir(parents=True, exist_ok=True)
     files = onnx_files(branch_dir) + [Path(branch_dir) / INFO_FILE]
-    for stale in ("model.onnx.data",):
-        if not (Path(branch_dir) / stale).exists():
-            (dst / stale).unlink(missing_ok=True)
+    if not (Path(branch_dir) / DATA_FILE).exists():
+        (dst / DATA_FILE).unlink(missing_ok=True)  # left from an earlier, larger export
     for f in files:
         link_or_copy(f, dst / f.name)
 

@@ -145,8 +145,12 @@ def compare(checks, refs) -> dict:
     return out
 
 
-def validate_onnx(model_dir, refs, prompts, precision: str, device: str = "cpu") -> ValidationReport:
-    """Run the checks on an exported directory against reference logits; raise on failure."""
+def validate_onnx(model_dir, refs, prompts, precision: str, device: str = "cpu",
+                  check: bool = True) -> ValidationReport:
+    """Run the checks on an exported directory against reference logits.
+
+    check: raise ValidationError when the bound/floor is missed (else only report it).
+    """
     from tokenrouter_backend.onnx_lm import OnnxCausalLM
 
     lm = OnnxCausalLM(model_dir, device=device)
@@ -163,6 +167,6 @@ def validate_onnx(model_dir, refs, prompts, precision: str, device: str = "cpu")
         min_agreement=INT8_MIN_AGREEMENT if is_int8 else None, per_check=per_check,
     )
     report.passed = agreement >= INT8_MIN_AGREEMENT if is_int8 else max_diff <= tol
-    if not report.passed:
+    if check and not report.passed:
         raise ValidationError(f"validation of {model_dir} ({precision}) failed: {report.to_dict()}")
     return report

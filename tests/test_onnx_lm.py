@@ -70,3 +70,28 @@ def test_model_json_round_trip(tmp_path):
     info = ModelInfo(num_layers=2, num_kv_heads=2, head_dim=16, vocab_size=768, precision="int8-dynamic")
     info.save(tmp_path / "model.json")
     assert ModelInfo.load(tmp_path / "model.json") == info
+
+
+def test_consolidated_external_data_runs_the_same(lm, tiny_export, tmp_path):  # noqa: F811
+    """Weights scattered over many files (as the exporter writes > 2 GB) -> one .data file."""
+    import shutil
+
+    import onnx
+
+    from export.onnx_export import consolidate_external_data
+
+    out, _ = tiny_export
+    scattered = tmp_path / "scattered"
+    scattered.mkdir()
+    model = onnx.load(str(out / "heavy" / "1" / "model.onnx"))
+    onnx.save_model(model, str(scattered / "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=False, size_threshold=0)
+    assert len(list(scattered.iterdir())) > 10
+    final = tmp_path / "final"
+    final.mkdir()
+    consolidate_external_data(scattered / "model.onnx", final / "model.onnx")
+    shutil.copy(out / "heavy" / "1" / "model.json", final / "model.json")
+    assert sorted(p.name for p in final.iterdir()) == ["model.json", "model.onnx", "model.onnx.data"]
+    expected, _ = _single(lm, [1, 2, 3])
+    got, _ = _single(OnnxCausalLM(final), [1, 2, 3])
+    np.testing.assert_allclose(got, expected, atol=1e-6)
