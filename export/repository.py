@@ -60,7 +60,12 @@ def fill_configs(out: Path, values: dict) -> list[Path]:
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard link when possible (multi-GB weights), else copy."""
+    """Hard link when possible (multi-GB weights), else copy.
+
+    ONNX Runtime loads hard-linked external data, but ``onnx.load`` (its checker) refuses
+    a data file with several links ("potential hardlink attack"): tools that re-read a
+    repository's model with the ``onnx`` package must copy it first.
+    """
     dst.unlink(missing_ok=True)
     try:
         os.link(src, dst)
