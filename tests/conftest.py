@@ -51,10 +51,12 @@ def start_triton_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
 
 
 @pytest.fixture(scope="session")
-def tiny_repository() -> Path:
-    """The tiny pair exported into a model repository, built once and cached in the data dir.
+def tiny_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny pair exported into a model repository filled from THIS checkout's template.
 
-    The exporter's stamps make a second build a no-op; a changed template is copied again.
+    The pair and its ONNX exports are cached in the data dir (the exporter's stamps make a
+    second build a no-op); the repository itself is written per test session, so checkouts
+    with different templates never see each other's configs.
     """
     from export.pipeline import ExportOptions, export_pair
     from export.tiny_pair import build_tiny_pair
@@ -62,6 +64,8 @@ def tiny_repository() -> Path:
     from tokenrouter_backend import paths
 
     heavy, light = build_tiny_pair(paths.tiny_dir())
-    out = paths.tiny_repository()
-    export_pair(heavy, light, out, ExportOptions(template=Path(__file__).resolve().parent.parent / "model_repository"))
+    out = tmp_path_factory.mktemp("tiny") / "repository"
+    options = ExportOptions(template=Path(__file__).resolve().parent.parent / "model_repository",
+                            work_dir=paths.tiny_dir() / "onnx")
+    export_pair(heavy, light, out, options)
     return out
