@@ -15,7 +15,7 @@ from .branch_protocol import (
     result_from_arrays,
 )
 
-SESSION_MISSING_MARKER = "session missing"  # text the branch puts in a SessionMissing error
+SESSION_MISSING_MARKER = "SessionMissing"  # the branch glue names the exception class
 
 
 class BlsBranch(Branch):

@@ -1,0 +1,276 @@
+"""BranchEngine on a numpy toy LM (padding/truncation bugs change its outputs) and a tiny ONNX Qwen2."""
+import math
+
+import numpy as np
+import pytest
+
+from fixtures_engine import ToyLM, tiny_qwen_dir  # noqa: F401 - fixture
+from tokenrouter_backend.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
+from tokenrouter_backend.kv_store import KVShape, KVStore
+from tokenrouter_backend.sampling import entropy, softmax
+
+PROMPTS = {1: (3, 4, 5), 2: (7,), 3: (9, 8, 7, 6, 5, 4, 3, 2), 4: (11, 12)}
+
+
+def engine(model=None, **cfg):
+    return BranchEngine(model or ToyLM(), config=EngineConfig(**cfg), name="light")
+
+
+def ok(result):
+    assert not isinstance(result, Exception), result
+    return result
+
+
+def prefill(eng, prompts=PROMPTS):
+    return [ok(r) for r in eng.run([BranchOp(sid, 0, ids) for sid, ids in prompts.items()])]
+
+
+def full_prefix_greedy(model, ids):
+    """Reference without any cache: greedy choice and top-1 prob after each prefix position."""
+    x = np.asarray(ids, dtype=np.int64)[None]
+    logits, _ = model.forward(x, np.ones_like(x), np.arange(x.shape[1])[None], model.empty_past(1))
+    probs = softmax(logits[0])
+    return probs.argmax(-1), probs.max(-1), probs
+
+
+def assert_same(a, b):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.token_probs, b.token_probs, atol=1e-5)
+    np.testing.assert_allclose(a.entropy, b.entropy, atol=1e-4)
+    np.testing.assert_allclose(a.input_probs, b.input_probs, atol=1e-5)
+    assert a.session_len == b.session_len
+
+
+def step_ops():
+    return [
+        BranchOp(1, 3, (6, 7), draft_len=4),
+        BranchOp(2, 1, (1, 2, 3, 4, 5), draft_len=0),
+        BranchOp(3, 5, (13,), draft_len=6, sampling=Sampling(temperature=0.9, top_k=20, top_p=0.9, seed=5)),
+        BranchOp(4, 0, (20, 21, 22), draft_len=2, return_dist=True),  # rollback to 0 = restart
+    ]
+
+
+def test_prefill_matches_uncached_model():
+    model = ToyLM()
+    results = prefill(engine(model))
+    for (sid, ids), res in zip(PROMPTS.items(), results):
+        tokens, top1, probs = full_prefix_greedy(model, ids)
+        np.testing.assert_array_equal(res.tokens, tokens)
+        np.testing.assert_allclose(res.token_probs, top1, atol=1e-5)
+        np.testing.assert_allclose(res.entropy, entropy(probs), atol=1e-5)
+        np.testing.assert_allclose(res.input_probs, probs[np.arange(len(ids) - 1), ids[1:]], atol=1e-6)
+        assert res.session_len == len(ids) and res.batch_size == 4
+
+
+def test_batched_equals_one_at_a_time():
+    batched, single = engine(), engine()
+    prefill(batched)
+    prefill(single)
+    together = batched.run(step_ops())
+    assert batched.last_batch_sizes[0] == 4
+    for op, res in zip(step_ops(), together):
+        (alone,) = single.run([op])
+        assert_same(ok(res), ok(alone))
+        assert res.batch_size == 4 and alone.batch_size == 1
+
+
+def test_extend_and_draft_match_uncached_model():
+    model = ToyLM()
+    eng = engine(model)
+    prefill(eng)
+    res = ok(eng.run([BranchOp(1, 2, (9, 9), draft_len=5)])[0])
+    history = PROMPTS[1][:2] + (9, 9)
+    n = 2
+    # drafted tokens: tokens[n-1:], fed back one at a time; check against full recompute
+    seq = history + tuple(int(t) for t in res.tokens[n - 1:-1])
+    ref_tokens, ref_p, ref_probs = full_prefix_greedy(model, seq)
+    np.testing.assert_array_equal(res.tokens, ref_tokens[2:])
+    np.testing.assert_allclose(res.token_probs, ref_p[2:], atol=1e-5)
+    np.testing.assert_allclose(res.input_probs, [ref_probs[2, 9]], atol=1e-5)
+    assert len(res.tokens) == n + 5 - 1 and res.session_len == 2 + n + 5 - 1
+
+
+def test_rollback_then_reextend_equals_fresh_session():
+    eng = engine()
+    prefill(eng)
+    ok(eng.run([BranchOp(3, 8, (1, 2, 3), draft_len=4)])[0])  # grow, then roll back below it
+    rolled = ok(eng.run([BranchOp(3, 4, (40, 41), draft_len=3)])[0])
+    fresh = ok(engine().run([BranchOp(3, 0, PROMPTS[3][:4] + (40, 41), draft_len=3)])[0])
+    np.testing.assert_array_equal(rolled.tokens, fresh.tokens[4:])
+    np.testing.assert_allclose(rolled.token_probs, fresh.token_probs[4:], atol=1e-5)
+    assert rolled.session_len == fresh.session_len
+
+
+def test_drafting_stops_at_min_confidence_and_max_entropy():
+    eng = engine(max_draft_len=12)
+    full = ok(eng.run([BranchOp(1, 0, (3, 4), draft_len=12)])[0])
+    drafted = full.token_probs[1:]
+    assert len(drafted) == 12
+    cut = float(np.sort(drafted)[len(drafted) // 2])  # some drafted token falls below it
+    stop = int(np.argmax(drafted < cut))
+    res = ok(eng.run([BranchOp(1, 0, (3, 4), draft_len=12, min_confidence=cut)])[0])
+    assert len(res.tokens) == 2 + stop  # the weak token itself is still returned
+    assert res.token_probs[-1] < cut and np.all(res.token_probs[1:-1] >= cut)
+    assert res.session_len == 2 + stop
+    ent_cut = float(np.sort(full.entropy[1:])[len(drafted) // 2])
+    ent_stop = int(np.argmax(full.entropy[1:] > ent_cut))
+    res = ok(eng.run([BranchOp(1, 0, (3, 4), draft_len=12, max_entropy=ent_cut)])[0])
+    assert len(res.tokens) == 2 + ent_stop
+
+
+def test_greedy_dist_is_the_softmax():
+    model = ToyLM()
+    res = ok(engine(model).run([BranchOp(1, 0, (3, 4, 5), return_dist=True)])[0])
+    _, _, probs = full_prefix_greedy(model, (3, 4, 5))
+    np.testing.assert_allclose(res.dist, probs, atol=1e-6)
+
+
+def test_sampling_is_seeded_and_dist_returned():
+    s = Sampling(temperature=1.0, top_k=10, seed=42)
+    ops = [BranchOp(1, 0, (3, 4, 5), draft_len=5, sampling=s, return_dist=True)]
+    a, b = ok(engine().run(ops)[0]), ok(engine().run(ops)[0])
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert a.dist.shape == (len(a.tokens), 50)
+    assert np.all((a.dist > 0).sum(-1) <= 10)
+    np.testing.assert_allclose(a.dist[np.arange(len(a.tokens)), a.tokens], a.token_probs, atol=1e-6)
+    other = ok(engine().run([BranchOp(1, 0, (3, 4, 5), draft_len=5, sampling=Sampling(1.0, 10, 1.0, 43))])[0])
+    assert other.dist is None
+    assert not np.array_equal(other.tokens, a.tokens) or len(a.tokens) < 3
+
+
+def test_bad_op_fails_alone():
+    eng = engine(max_draft_len=4)
+    prefill(eng)
+    ops = [
+        BranchOp(1, 3, (6,), draft_len=2),  # good
+        BranchOp(77, 2, (1,)),  # session never existed
+        BranchOp(2, 5, (1,)),  # keep_len beyond the session's 1 token
+        BranchOp(3, 8, (1,) * 60),  # 68 > 64 positions
+        BranchOp(4, 2, (1,), draft_len=5),  # draft_len above max_draft_len
+        BranchOp(5, 0, (1, 50)),  # token outside the vocabulary of 50
+    ]
+    res = eng.run(ops)
+    alone = engine(max_draft_len=4)
+    prefill(alone)
+    assert_same(ok(res[0]), ok(alone.run([ops[0]])[0]))
+    assert isinstance(res[1], SessionMissing) and "session 77" in str(res[1])
+    assert isinstance(res[2], BranchError) and "keep_len 5" in str(res[2]) and "1 tokens" in str(res[2])
+    assert isinstance(res[3], BranchError) and "64" in str(res[3]) and "68" in str(res[3])
+    assert isinstance(res[4], BranchError) and "draft_len 5" in str(res[4])
+    assert isinstance(res[5], BranchError) and "token 50, outside the vocabulary 0..49" in str(res[5])
+    assert 5 not in eng.store
+    assert all(str(r).startswith("light:") for r in res[1:])
+    assert eng.store.get(2).length == 1  # failed ops leave their sessions untouched
+
+
+def test_model_failure_fails_its_group_only():
+    class Broken(ToyLM):
+        def forward(self, input_ids, *args):
+            if 49 in input_ids:
+                raise RuntimeError("boom")
+            return super().forward(input_ids, *args)
+
+    eng = engine(Broken(), max_batch=1)
+    res = eng.run([BranchOp(1, 0, (49,)), BranchOp(2, 0, (3,))])
+    assert isinstance(res[0], BranchError) and "boom" in str(res[0])
+    ok(res[1])
+
+
+def test_same_session_twice_runs_in_order_and_release():
+    eng = engine()
+    res = eng.run([BranchOp(1, 0, (3, 4)), BranchOp(1, 2, (5,)), BranchOp(1, 0, (0,), release=True),
+                   BranchOp(2, 0, (3, 4, 5))])
+    assert ok(res[1]).session_len == 3
+    np.testing.assert_array_equal(res[1].tokens, res[3].tokens[2:])
+    assert ok(res[2]).session_len == 0 and 1 not in eng.store
+    assert eng.store.session_count == 1
+
+
+def test_max_batch_splits_forwards():
+    model = ToyLM()
+    eng = engine(model, max_batch=3)
+    prefill(eng)
+    assert eng.last_batch_sizes == [3, 1]
+
+
+def test_ttl_lru_and_accounting_through_engine():
+    clock = [0.0]
+    model = ToyLM()
+    shape = KVShape.from_info(model.info)
+    per_session = 64 * shape.bytes_per_token()
+    store = KVStore(shape, ttl_s=30, budget_bytes=2 * per_session, name="heavy", clock=lambda: clock[0])
+    eng = BranchEngine(model, store, EngineConfig(), name="heavy")
+    for sid in (1, 2):
+        clock[0] += 1
+        ok(eng.run([BranchOp(sid, 0, (1, 2))])[0])
+    clock[0] += 1
+    ok(eng.run([BranchOp(3, 0, (1, 2))])[0])  # over budget: LRU session 1 goes, 3 stays
+    assert sorted(store._sessions) == [2, 3] and store.bytes_in_use == 2 * per_session
+    res = eng.run([BranchOp(1, 2, (5,))])[0]
+    assert isinstance(res, SessionMissing) and "heavy" in str(res)
+    clock[0] += 31
+    eng.run([])  # TTL sweep
+    assert store.session_count == 0 and store.bytes_in_use == 0
+
+
+def test_release_returns_memory_to_zero():
+    eng = engine()
+    prefill(eng)
+    assert eng.store.bytes_in_use > 0
+    res = eng.run([BranchOp(sid, 0, (), release=True) for sid in PROMPTS])
+    assert all(ok(r).session_len == 0 for r in res)
+    assert eng.store.session_count == 0 and eng.store.bytes_in_use == 0
+
+
+def test_infinite_max_entropy_default():
+    assert BranchOp(1, 0, (1,)).max_entropy == math.inf
+
+
+# ---- real ONNX (tiny random Qwen2, exported in the fixture) -----------------------------
+@pytest.fixture(scope="module")
+def onnx_lm(tiny_qwen_dir):  # noqa: F811
+    from tokenrouter_backend.onnx_lm import OnnxCausalLM
+
+    return OnnxCausalLM(tiny_qwen_dir, intra_op_threads=1)
+
+
+def test_onnx_prefill_matches_uncached(onnx_lm):
+    prompts = {1: (3, 4, 5, 100, 200), 2: (7,), 3: tuple(range(20, 40))}
+    results = prefill(engine(onnx_lm), prompts)
+    for (sid, ids), res in zip(prompts.items(), results):
+        tokens, top1, _ = full_prefix_greedy(onnx_lm, ids)
+        np.testing.assert_array_equal(res.tokens, tokens)
+        np.testing.assert_allclose(res.token_probs, top1, atol=1e-4)
+
+
+def test_onnx_batched_equals_one_at_a_time_and_uncached(onnx_lm):
+    prompts = {1: (3, 4, 5, 100, 200), 2: (7,), 3: tuple(range(20, 40)), 4: (250, 251)}
+    batched, single = engine(onnx_lm), engine(onnx_lm)
+    prefill(batched, prompts)
+    prefill(single, prompts)
+    ops = [BranchOp(1, 3, (6, 7), draft_len=4), BranchOp(2, 1, (1, 2, 3, 4, 5)),
+           BranchOp(3, 12, (13,), draft_len=6), BranchOp(4, 2, (9,), draft_len=3)]
+    for op, res in zip(ops, batched.run(ops)):
+        (alone,) = single.run([op])
+        np.testing.assert_array_equal(ok(res).tokens, ok(alone).tokens)
+        np.testing.assert_allclose(res.token_probs, alone.token_probs, atol=1e-4)
+        np.testing.assert_allclose(res.input_probs, alone.input_probs, atol=1e-4)
+        assert res.session_len == alone.session_len
+        fed = tuple(int(t) for t in res.tokens[len(op.input_ids) - 1:-1])
+        seq = prompts[op.session_id][: op.keep_len] + op.input_ids + fed
+        assert len(seq) == res.session_len
+        ref, _, _ = full_prefix_greedy(onnx_lm, seq)
+        np.testing.assert_array_equal(res.tokens, ref[op.keep_len:])
+
+
+def test_sessions_of_the_running_batch_are_never_evicted():
+    model = ToyLM()
+    shape = KVShape.from_info(model.info)
+    store = KVStore(shape, budget_bytes=64 * shape.bytes_per_token())  # room for one session
+    eng = BranchEngine(model, store, EngineConfig(max_batch=1))
+    res = eng.run([BranchOp(sid, 0, (1, 2)) for sid in (1, 2, 3)])  # three forwards
+    assert all(ok(r).session_len == 2 for r in res)
+    assert store.session_count == 3  # over budget, but all pinned by this run
+    ok(eng.run([BranchOp(4, 0, (5,))])[0])
+    assert sorted(store._sessions) == [4]

@@ -1,0 +1,110 @@
+"""Branch models heavy/light in a real tritonserver (tiny random Qwen2 ONNX) over HTTP.
+
+Checks: results equal the in-process engine, concurrent requests are batched into one
+execute() (batch_size > 1), errors come back per request, metrics are exported.
+"""
+import concurrent.futures as cf
+import re
+import shutil
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
+from tokenrouter_backend.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+
+launcher = pytest.importorskip("tokenrouter_backend.server_launcher")
+httpclient = pytest.importorskip("tritonclient.http")
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository"
+
+
+def make_repository(root: Path, onnx_dir: Path) -> Path:
+    """Template configs for heavy and light, placeholders filled, tiny model in 1/."""
+    for name in ("heavy", "light"):
+        dst = root / name
+        shutil.copytree(TEMPLATE / name, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        cfg = (dst / "config.pbtxt").read_text()
+        cfg = cfg.replace(f"${{{name}_device}}", "cpu").replace(f"${{{name}_threads}}", "1")
+        assert "${" not in cfg
+        (dst / "config.pbtxt").write_text(cfg)
+        for f in ("model.onnx", "model.json"):
+            shutil.copy(onnx_dir / f, dst / "1" / f)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen_dir, tmp_path_factory):  # noqa: F811
+    repo = make_repository(tmp_path_factory.mktemp("repo"), tiny_qwen_dir)
+    log = tmp_path_factory.mktemp("log") / "tritonserver.log"
+    with launcher.TritonServer(repo, log_path=log, ready_timeout_s=120) as srv:
+        yield srv
+
+
+def infer(url: str, model: str, op: BranchOp):
+    """One branch step over HTTP; returns (BranchResult | None, error text | None)."""
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    inputs = []
+    for name, arr in op_to_arrays(op).items():
+        t = httpclient.InferInput(name, list(arr.shape), "BOOL" if arr.dtype == bool else
+                                  {np.dtype(np.uint64): "UINT64", np.dtype(np.int32): "INT32",
+                                   np.dtype(np.float32): "FP32"}[arr.dtype])
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    try:
+        res = client.infer(model, inputs)
+    except Exception as exc:  # noqa: BLE001 - tritonclient raises InferenceServerException
+        return None, str(exc)
+    return result_from_arrays(res.as_numpy), None
+
+
+def reference(onnx_dir, ops):
+    from tokenrouter_backend.onnx_lm import OnnxCausalLM
+
+    eng = BranchEngine(OnnxCausalLM(onnx_dir, intra_op_threads=1), config=EngineConfig(), name="ref")
+    return [eng.run([op])[0] for op in ops]
+
+
+def test_steps_match_engine_and_errors_name_branch(server, tiny_qwen_dir):  # noqa: F811
+    ops = [BranchOp(11, 0, (3, 4, 5, 6), draft_len=4), BranchOp(11, 6, (9,), draft_len=3),
+           BranchOp(11, 2, (7, 8))]
+    ref = reference(tiny_qwen_dir, ops)
+    for op, want in zip(ops, ref):
+        got, err = infer(server.http_url, "heavy", op)
+        assert err is None, err
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_allclose(got.token_probs, want.token_probs, atol=1e-5)
+        np.testing.assert_allclose(got.input_probs, want.input_probs, atol=1e-5)
+        assert got.session_len == want.session_len
+    _, err = infer(server.http_url, "light", BranchOp(99, 4, (1,)))
+    assert "light: session 99 does not exist" in err
+    _, err = infer(server.http_url, "heavy", BranchOp(11, 50, (1,)))
+    assert "heavy: keep_len 50" in err and "4 tokens" in err
+    got, err = infer(server.http_url, "heavy", BranchOp(11, 0, (), release=True))
+    assert err is None and got.session_len == 0
+
+
+def test_concurrent_steps_are_batched(server, tiny_qwen_dir):  # noqa: F811
+    ops = [BranchOp(100 + i, 0, tuple(range(5, 5 + 3 + i)), draft_len=1 + i % 4) for i in range(16)]
+    ref = reference(tiny_qwen_dir, ops)
+    with cf.ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda op: infer(server.http_url, "light", op), ops))
+    for (got, err), want in zip(outs, ref):
+        assert err is None, err
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        assert got.session_len == want.session_len
+    assert max(got.batch_size for got, _ in outs) > 1
+    metrics = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    sessions = re.search(r'tokenrouter_kv_sessions\{branch="light"\} (\S+)', metrics)
+    assert sessions and float(sessions.group(1)) >= 16
+    assert re.search(r'tokenrouter_kv_bytes\{branch="light"\} [1-9]', metrics)
+    assert 'tokenrouter_branch_batch_size_bucket{branch="light",le="2"}' in metrics
+    assert "tokenrouter_branch_forward_ms" in metrics
+    for op in ops:
+        assert infer(server.http_url, "light", BranchOp(op.session_id, 0, (), release=True))[1] is None
+    metrics = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    assert re.search(r'tokenrouter_kv_sessions\{branch="light"\} 0\b', metrics)
+    assert re.search(r'tokenrouter_kv_bytes\{branch="light"\} 0\b', metrics)

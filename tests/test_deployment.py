@@ -1,0 +1,277 @@
+"""Deployment files: docker-compose.yml per profile, the Dockerfile, its Python 3.10
+requirements, the container scripts, and Python 3.10 compatibility of the sources.
+
+No Docker engine is needed: the compose file is parsed by the compose CLI (`docker-compose
+config`, Debian package `docker-compose`), the requirements are resolved by pip for Python
+3.10 against PyPI (network to the registry is required, as in CI).
+"""
+from __future__ import annotations
+
+import ast
+import http.server
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+PROFILES = {  # profile -> services it must start
+    "gpu": {"export", "triton"},
+    "cpu": {"export-cpu", "triton-cpu"},
+    "split": {"export", "heavy", "router"},
+}
+SERVERS = {"triton", "triton-cpu", "heavy", "router"}
+GPU_SERVICES = {"export", "triton", "heavy", "router"}
+TRITON_PORTS = {8000, 8001, 8002}
+PIP_PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+                 "manylinux2014_x86_64"]
+SOURCE_DIRS = ["tokenrouter_backend", "export", "client", "model_repository", "docker", "tests"]
+# stdlib names that exist only from Python 3.11 on (the Triton image's Python is 3.10)
+PY311_ONLY = [r"\bimport tomllib\b", r"\basyncio\.TaskGroup\b", r"\basyncio\.timeout\(",
+              r"\bdatetime\.UTC\b", r"\bStrEnum\b", r"from typing import .*\bSelf\b",
+              r"\bExceptionGroup\b", r"\bexcept\s*\*"]
+
+
+# ---- compose ------------------------------------------------------------------------------
+def compose_cli() -> list[str]:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"],
+                                                 capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    pytest.fail("no compose CLI: install Debian's `docker-compose` package "
+                "(apt-get install -y docker-compose) to validate docker-compose.yml")
+
+
+def compose_config(profile: str, env: dict | None = None) -> dict:
+    cmd = compose_cli() + ["-f", str(COMPOSE_FILE), "--profile", profile, "config"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    return yaml.safe_load(proc.stdout)
+
+
+@pytest.fixture(scope="module", params=sorted(PROFILES))
+def profile(request):
+    return request.param, compose_config(request.param)
+
+
+def in_profile(config: dict, name: str) -> dict:
+    """Services of the resolved config that `--profile name` starts."""
+    return {s: d for s, d in config["services"].items() if name in d.get("profiles", [])}
+
+
+def test_each_profile_parses_and_starts_its_services(profile):
+    name, config = profile
+    assert set(in_profile(config, name)) == PROFILES[name]
+    # every service is in some profile: a bare `up` starts nothing by surprise
+    assert all(d.get("profiles") for d in config["services"].values())
+
+
+def test_servers_have_ports_healthcheck_shm_ulimits_restart(profile):
+    name, config = profile
+    for svc, d in in_profile(config, name).items():
+        if svc not in SERVERS:
+            continue
+        assert {int(p["target"]) for p in d["ports"]} == TRITON_PORTS, svc
+        assert d["healthcheck"]["test"][-1] == "/opt/tokenrouter/docker/healthcheck.py", svc
+        assert d["shm_size"] and d["restart"] == "unless-stopped", svc
+        assert d["ulimits"]["memlock"] == -1 and int(d["ulimits"]["stack"]) >= 64 << 20, svc
+        args = d["entrypoint"] + d["command"]
+        assert args[:2] == ["/opt/nvidia/nvidia_entrypoint.sh", "tritonserver"], svc
+        assert "--model-repository=/models" in args, svc
+        assert any(a.startswith("--backend-config=python,shm-default-byte-size=") for a in args)
+        assert d["image"].startswith("tokenrouter-serve:") and d["build"]["target"] == "serve"
+
+
+def test_gpu_reservation_exactly_where_a_gpu_is_used(profile):
+    name, config = profile
+    for svc, d in in_profile(config, name).items():
+        devices = d.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+        if svc in GPU_SERVICES:
+            assert devices and devices[0]["driver"] == "nvidia", svc
+            assert "gpu" in devices[0]["capabilities"], svc
+        else:
+            assert not devices, f"{svc} (cpu profile) must not reserve a GPU"
+
+
+def test_exports_run_once_before_the_servers(profile):
+    name, config = profile
+    services = in_profile(config, name)
+    export = "export-cpu" if name == "cpu" else "export"
+    assert services[export]["restart"] == "no"
+    assert services[export]["environment"]["DEVICE"] == ("cpu" if name == "cpu" else "cuda")
+    assert any(v.endswith(":/sources:ro") for v in services[export]["volumes"])
+    for svc in PROFILES[name] & SERVERS:
+        cond = services[svc]["depends_on"][export]["condition"]
+        assert cond == "service_completed_successfully", svc
+
+
+def test_split_profile_router_reaches_heavy_over_grpc():
+    services = in_profile(compose_config("split"), "split")
+    heavy, router = services["heavy"]["command"], services["router"]["command"]
+    assert "--model-control-mode=explicit" in heavy and "--model-control-mode=explicit" in router
+    assert [a for a in heavy if a.startswith("--load-model=")] == ["--load-model=heavy"]
+    loaded = {a.split("=", 1)[1] for a in router if a.startswith("--load-model=")}
+    assert loaded == {"tokenrouter", "preprocessing", "router", "light", "postprocessing"}
+    assert services["router"]["environment"]["TOKENROUTER_HEAVY_URL"] == "heavy:8001"
+    assert services["router"]["depends_on"]["heavy"]["condition"] == "service_healthy"
+
+
+def test_variables_reach_the_resolved_config():
+    env = {"TOKENROUTER_SOURCES": "/data/models", "HEAVY_MODEL": "qwen-1.5b",
+           "TRITON_HTTP_PORT": "18000", "TOKENROUTER_HEAVY_URL": "gpu-box:8001",
+           "PY_SHM_DEFAULT_BYTES": "1048576"}
+    services = compose_config("split", env)["services"]
+    assert "/data/models:/sources:ro" in services["export"]["volumes"]
+    assert services["export"]["environment"]["HEAVY_SRC"] == "/sources/qwen-1.5b"
+    assert {int(p["published"]) for p in services["router"]["ports"]} >= {18000}
+    assert services["router"]["environment"]["TOKENROUTER_HEAVY_URL"] == "gpu-box:8001"
+    assert "--backend-config=python,shm-default-byte-size=1048576" in services["heavy"]["entrypoint"]
+
+
+# ---- Dockerfile and requirements ----------------------------------------------------------
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def test_dockerfile_stages_base_image_and_copies():
+    text = dockerfile()
+    assert "ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3" in text
+    assert re.search(r"^FROM \$\{TRITON_IMAGE\} AS serve$", text, re.M)
+    assert re.search(r"^FROM serve AS export$", text, re.M)
+    assert "pip install --no-deps ." in text  # the CPU-venv pins stay out of the image
+    for src in re.findall(r"^COPY (\S+) ", text, re.M):
+        assert (ROOT / src).exists(), f"Dockerfile copies {src}, which is missing"
+    for req in re.findall(r"-r (docker/\S+)", text):
+        assert (ROOT / req).is_file(), req
+
+
+def pip_resolve(requirements: Path, tmp_path: Path) -> dict[str, str]:
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+           "--only-binary=:all:", "--python-version", "3.10", "--implementation", "cp",
+           "--abi", "cp310", "--target", str(tmp_path / "t"), "--report", str(report),
+           "-r", str(requirements)]
+    for platform in PIP_PLATFORMS:
+        cmd += ["--platform", platform]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, f"pip could not resolve {requirements.name} for Python 3.10:\n{proc.stderr[-3000:]}"
+    items = json.loads(report.read_text())["install"]
+    return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in items}
+
+
+def test_image_requirements_resolve_for_python_310(tmp_path):
+    # the export requirements include the serving ones (-r), so one resolve checks both
+    assert "-r requirements-serve.txt" in (ROOT / "docker/requirements-export.txt").read_text()
+    resolved = pip_resolve(ROOT / "docker/requirements-export.txt", tmp_path)
+    assert resolved["onnxruntime-gpu"].startswith("1.23.")
+    assert "onnxruntime" not in resolved, "CPU onnxruntime would clash with onnxruntime-gpu"
+    assert resolved["torch"] == "2.10.0"
+    assert resolved["tritonclient"] == "2.51.0"
+    assert int(resolved["numpy"].split(".")[0]) < 2
+    cuda13 = [n for n in resolved if n.endswith("-cu13") or n == "cuda-toolkit"]
+    assert not cuda13, f"CUDA 13 packages in a CUDA 12 image: {cuda13}"
+
+
+def test_pyproject_allows_python_310():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'requires-python = ">=3\.(10|9|8)"', text), "package must install on 3.10"
+
+
+def test_sources_are_python_310_compatible():
+    files = [p for d in SOURCE_DIRS if (ROOT / d).exists() for p in (ROOT / d).rglob("*.py")]
+    assert files
+    problems = []
+    for path in files:
+        text = path.read_text()
+        try:
+            ast.parse(text, filename=str(path), feature_version=(3, 10))
+        except SyntaxError as exc:
+            problems.append(f"{path.relative_to(ROOT)}:{exc.lineno}: {exc.msg}")
+        for pattern in PY311_ONLY:
+            for m in re.finditer(pattern, text):
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{path.relative_to(ROOT)}:{line}: 3.11+ only: {m.group(0)}")
+    assert not problems, "not Python 3.10 compatible:\n" + "\n".join(problems)
+
+
+# ---- container scripts --------------------------------------------------------------------
+def run_export(tmp_path: Path, env: dict) -> subprocess.CompletedProcess:
+    """docker/export.sh with a stand-in `tokenrouter` that writes a marker repository."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "tokenrouter"
+    fake.write_text('#!/usr/bin/env bash\n'
+                    'set -e; while [ $# -gt 0 ]; do case "$1" in --out) out=$2; shift;; '
+                    '--device) dev=$2; shift;; esac; shift; done\n'
+                    '[ "${FAIL:-0}" = 1 ] && exit 3\n'
+                    'mkdir -p "$out/heavy"; echo "{\\"device\\": \\"$dev\\"}" > "$out/export.json"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", str(ROOT / "docker/export.sh")], capture_output=True,
+                          text=True, env=full, timeout=60)
+
+
+def test_export_script_builds_then_skips_then_forces(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "models"
+    src.mkdir()
+    out.mkdir()
+    env = {"HEAVY_SRC": str(src), "LIGHT_SRC": str(src), "OUT_DIR": str(out), "DEVICE": "cpu"}
+    first = run_export(tmp_path, env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads((out / "export.json").read_text()) == {"device": "cpu"}
+    assert not (out / ".export-tmp").exists()
+    again = run_export(tmp_path, {**env, "DEVICE": "cuda"})
+    assert again.returncode == 0 and "keeping the repository" in again.stdout
+    assert json.loads((out / "export.json").read_text()) == {"device": "cpu"}
+    forced = run_export(tmp_path, {**env, "DEVICE": "cuda", "FORCE_EXPORT": "1"})
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((out / "export.json").read_text()) == {"device": "cuda"}
+
+
+def test_export_script_failure_keeps_the_old_repository(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "models"
+    src.mkdir()
+    out.mkdir()
+    (out / "export.json").write_text('{"device": "old"}')
+    env = {"HEAVY_SRC": str(src), "LIGHT_SRC": str(src), "OUT_DIR": str(out),
+           "FORCE_EXPORT": "1", "FAIL": "1"}
+    assert run_export(tmp_path, env).returncode != 0
+    assert (out / "export.json").read_text() == '{"device": "old"}'
+    missing = run_export(tmp_path, {**env, "HEAVY_SRC": str(tmp_path / "nope")})
+    assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_healthcheck_script(tmp_path):
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/v2/health/ready" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = str(ROOT / "docker/healthcheck.py")
+    try:
+        port = str(server.server_address[1])
+        up = subprocess.run([sys.executable, script], env={**os.environ, "TRITON_HTTP_PORT": port},
+                            capture_output=True, timeout=30)
+        assert up.returncode == 0, up.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    down = subprocess.run([sys.executable, script], env={**os.environ, "TRITON_HTTP_PORT": port},
+                          capture_output=True, text=True, timeout=30)
+    assert down.returncode == 1 and "not ready" in down.stderr

@@ -1,0 +1,140 @@
+"""triton_branch glue with a stubbed ``triton_python_backend_utils`` (no server needed)."""
+import json
+import shutil
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
+from tokenrouter_backend.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+
+
+class FakeMetric:
+    def __init__(self, family, labels, buckets=None):
+        self.family, self.labels, self.buckets = family, labels, buckets
+        self.value, self.observed = 0.0, []
+
+    def set(self, v):
+        self.value = v
+
+    def increment(self, v):
+        self.value += v
+
+    def observe(self, v):
+        self.observed.append(v)
+
+
+class FakeFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    created: dict = {}
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind = name, kind
+        self.metrics = []
+        FakeFamily.created[name] = self
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils spelling
+        m = FakeMetric(self, labels, buckets)
+        self.metrics.append(m)
+        return m
+
+
+def fake_pb_utils():
+    pb = types.ModuleType("triton_python_backend_utils")
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    class TritonError:
+        def __init__(self, message):
+            self.msg = message
+
+        def message(self):
+            return self.msg
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.tensors = {t.name: t.array for t in output_tensors}
+            self.error = error
+
+    pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
+    pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req[name]) if name in req else None
+    pb.MetricFamily = FakeFamily
+    pb.Logger = types.SimpleNamespace(log_info=print, log_warn=print, log_error=print)
+    return pb
+
+
+@pytest.fixture
+def glue(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    sys.modules.pop("tokenrouter_backend.triton_branch", None)
+    import tokenrouter_backend.triton_branch as tb
+
+    yield tb
+    sys.modules.pop("tokenrouter_backend.triton_branch", None)
+
+
+def test_parse_params_defaults_and_errors(glue):
+    p = glue.parse_params({"device": "cpu", "intra_op_threads": "2", "max_draft_len": "8",
+                           "session_ttl_s": "30", "kv_cache_budget_mb": "64"}, "light")
+    assert (p.onnx_dir, p.device, p.intra_op_threads) == (".", "cpu", 2)
+    assert (p.engine.max_draft_len, p.engine.session_ttl_s, p.engine.kv_cache_budget_mb) == (8, 30.0, 64.0)
+    assert glue.parse_params({}, "heavy").engine == glue.EngineConfig()
+    bad = [({"device": "${heavy_device}"}, r"heavy: parameter 'device' is the unfilled placeholder"),
+           ({"intra_op_threads": "two"}, r"'intra_op_threads' must be a int, got 'two'"),
+           ({"max_draft_len": "-1"}, r"'max_draft_len' must be >= 0"),
+           ({"device": "tpu"}, r"'device' must be one of cpu, cuda, tensorrt, got 'tpu'"),
+           ({"colour": "red"}, r"unknown parameter 'colour'")]
+    for raw, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            glue.parse_params(raw, "heavy")
+
+
+def model_config(path):
+    return json.dumps({"name": "light", "parameters": {
+        "onnx_dir": {"string_value": path}, "device": {"string_value": "cpu"},
+        "intra_op_threads": {"string_value": "1"}, "max_draft_len": {"string_value": "4"}}})
+
+
+def request(op):
+    return op_to_arrays(op)
+
+
+def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path):  # noqa: F811
+    version = tmp_path / "light" / "1"
+    shutil.copytree(tiny_qwen_dir, version / "onnx")
+    model = glue.TritonPythonModel()
+    model.initialize({"model_name": "light", "model_config": model_config("onnx"),
+                      "model_repository": str(tmp_path / "light"), "model_version": "1"})
+    no_session = request(BranchOp(5, 0, (1,)))
+    del no_session["session_id"]
+    reqs = [request(BranchOp(1, 0, (3, 4, 5), draft_len=3)), no_session,
+            request(BranchOp(2, 3, (1,))), request(BranchOp(3, 0, (7,), draft_len=9)),
+            request(BranchOp(4, 0, (8, 9), return_dist=True))]
+    out = model.execute(reqs)
+    assert len(out) == 5
+    good = result_from_arrays(lambda n: out[0].tensors.get(n))
+    assert out[0].error is None and len(good.tokens) == 3 + 3 - 1 and good.session_len == 5
+    assert good.batch_size == 2  # session 1 and 4 shared the forward
+    assert "light: branch input 'session_id' is required" in out[1].error.message()
+    assert out[2].error.message().startswith("light: session 2 does not exist")
+    assert "draft_len 9 outside 0..4" in out[3].error.message()
+    assert out[4].tensors["dist"].shape == (1, 2, 300)
+    assert out[0].tensors["dist"].shape == (1, 0, 0)
+    fam = FakeFamily.created
+    assert fam["tokenrouter_kv_sessions"].metrics[0].value == 2
+    assert fam["tokenrouter_kv_sessions"].metrics[0].labels == {"branch": "light"}
+    assert fam["tokenrouter_kv_bytes"].metrics[0].value == model.engine.store.bytes_in_use > 0
+    assert fam["tokenrouter_branch_batch_size"].metrics[0].observed == [2, 1, 1]
+    assert fam["tokenrouter_branch_batch_size"].metrics[0].buckets == [1, 2, 4, 8, 16, 32]
+    assert len(fam["tokenrouter_branch_forward_ms"].metrics[0].observed) == 3
+    release = model.execute([request(BranchOp(s, 0, (), release=True)) for s in (1, 4)])
+    assert all(r.error is None for r in release)
+    assert fam["tokenrouter_kv_bytes"].metrics[0].value == 0
+    assert np.all(fam["tokenrouter_kv_sessions"].metrics[0].value == 0)
