@@ -79,8 +79,8 @@ def paired_ratios(records: list) -> list[dict]:
                 if arm == base_name:
                     continue
                 out.append({"arm": arm, "baseline": base_name, "prompt_id": prompt_id, "workload": r.workload,
-                            "repeat": rep, "speedup": round(r.tokens_per_s / base.tokens_per_s, 4),
-                            "latency_ratio": round(r.latency_s / base.latency_s, 4) if base.latency_s else None})
+                            "repeat": rep, "speedup": r.tokens_per_s / base.tokens_per_s,
+                            "latency_ratio": r.latency_s / base.latency_s if base.latency_s else None})
     return out
 
 
