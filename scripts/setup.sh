@@ -1,17 +1,35 @@
 #!/usr/bin/env bash
 # Creates .venv and installs TokenRouter with everything it needs (idempotent, non-interactive).
-# Debian packages: libb64-0d (perf_analyzer). Python: the project with its pinned deps.
+# Debian packages: libb64-0d (perf_analyzer only; a warning if it cannot be installed).
+# Python: the project with its pinned deps and the dev extra (pytest), editable.
+# Env: PYTHON (interpreter for the venv, default python3; 3.10-3.13: the Triton wheel ships
+# Python-backend stubs for those versions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! dpkg -s libb64-0d >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libb64-0d >/dev/null
-fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-stamp=.venv/.tokenrouter-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[dev]"
-  touch "$stamp"
+VENV=.venv
+STAMP=$VENV/.tokenrouter-installed   # what was installed: pyproject.toml + top-level packages
+
+install_debian_packages() {
+  dpkg -s libb64-0d >/dev/null 2>&1 && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
+  if ! { $sudo apt-get update -qq >/dev/null &&
+         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq libb64-0d >/dev/null; }; then
+    echo "setup: warning: could not install libb64-0d; perf_analyzer will not run" >&2
+  fi
+}
+
+install_debian_packages
+"$PY" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 13)))' || {
+  echo "setup: $PY is $("$PY" --version 2>&1); TokenRouter needs Python 3.10-3.13" >&2; exit 1; }
+[ -x $VENV/bin/python ] || "$PY" -m venv $VENV
+# The editable install maps the top-level packages that exist when it runs: reinstall when
+# pyproject.toml changes or a package (export/, client/, ...) appears.
+wanted=$(cat pyproject.toml; ls -d ./*/__init__.py 2>/dev/null)
+wanted=$(printf '%s' "$wanted" | sha256sum | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$wanted" ]; then
+  echo "setup: installing TokenRouter into $VENV (first run takes a few minutes)"
+  $VENV/bin/python -m pip install -q -e ".[dev]"
+  echo "$wanted" > "$STAMP"
 fi

@@ -27,6 +27,7 @@ from . import policy
 from .acceptance import accept_greedy, accept_speculative, first_strong_rejection
 from .branch import Branch
 from .branch_protocol import BranchOp, BranchResult, Sampling, SessionMissing
+from .hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_HEAVY, ACTION_LIGHT, ACTION_VERIFY, BlockHooks, BlockRecord
 from .params import RouterParams
 from .stats import HEAVY, LIGHT, RequestStats
 from .stopping import StopCriteria, find_stop
@@ -109,9 +110,14 @@ class BranchView:
 class BlockLoop:
     """Request-scoped state and the per-mode block functions."""
 
-    def __init__(self, request: GenerationRequest, light: Branch, heavy: Branch, session_id: int | None = None):
+    def __init__(self, request: GenerationRequest, light: Branch, heavy: Branch, session_id: int | None = None,
+                 hooks: BlockHooks | None = None, request_id: str = ""):
         self.request = request
         self.params = request.params
+        self.base_params = request.params  # what the request asked for; hooks may adjust per block
+        self.hooks = hooks
+        self.request_id = request_id
+        self._note: dict = {}  # facts about the current block, for the BlockRecord
         self.stats = RequestStats(mode=self.params.mode, prompt_tokens=len(request.prompt))
         sid = session_id if session_id is not None else random.getrandbits(63)
         self.light = BranchView(light, sid, self.stats)
@@ -187,6 +193,12 @@ class BlockLoop:
         self.stats.verify_blocks += 1
         self.stats.drafts_proposed += d
         self.stats.drafts_accepted += verdict.accepted
+        if self.hooks is not None:
+            known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
+            self._note = dict(action=ACTION_VERIFY, drafted=drafts, confidence=lres.token_probs[ln - 1 :],
+                              entropy=lres.entropy[ln - 1 :], committed_light=verdict.accepted,
+                              heavy_agree=[i < verdict.accepted for i in range(known)],
+                              heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
         self.commit(drafts[: verdict.accepted], LIGHT)
         self.commit([verdict.next_token], HEAVY)
         self.block = policy.next_block_size(self.params, self.block, d, verdict.accepted)
@@ -203,9 +215,13 @@ class BlockLoop:
         drafts = lres.tokens[ln - 1 :]
         confident = policy.confident_prefix(lres.token_probs[ln - 1 :], lres.entropy[ln - 1 :], p)
         self.stats.drafts_proposed += len(drafts)
-        self.commit(drafts[:confident], LIGHT)
+        kept = self.commit(drafts[:confident], LIGHT)
         self.block = policy.next_block_size(p, self.block, len(drafts), confident)
-        if not self.done and confident < len(drafts):
+        fallback = not self.done and confident < len(drafts)
+        if self.hooks is not None:
+            self._note = dict(action=ACTION_FALLBACK if fallback else ACTION_ACCEPT, drafted=drafts,
+                              confidence=lres.token_probs[ln - 1 :], entropy=lres.entropy[ln - 1 :], committed_light=kept)
+        if fallback:
             await self.heavy_fallback()
 
     async def heavy_fallback(self) -> None:
@@ -213,6 +229,8 @@ class BlockLoop:
         hres, n = await self.heavy.step(self.tokens, sampling=self.sampling)
         self.heavy.record_forward(hres)
         first_input = len(self.tokens) - n
+        if self.hooks is not None:
+            self._note_route_verdicts(hres, first_input)
         # result index i is heavy's verdict on the token at position first_input + 1 + i
         start = max(self.verified_len, self.final_len, first_input + 1)
         lo, hi = start - first_input - 1, len(self.tokens) - first_input - 1
@@ -229,9 +247,53 @@ class BlockLoop:
             self.commit([hres.tokens[lo + reject]], HEAVY)
         self.verified_len = len(self.tokens)
 
+    def _note_route_verdicts(self, hres: BranchResult, first_input: int) -> None:
+        """Heavy's verdict on this block's committed drafts and on the unsure draft after them."""
+        note, end = self._note, len(self.tokens)
+        drafted, kept = note.get("drafted", ()), note.get("committed_light", 0)
+        agree, probs = [], []
+        for i in range(min(kept + 1, len(drafted))):
+            q = end - kept + i  # sequence position of drafted[i]
+            j = q - first_input - 1  # heavy result index of its choice at q
+            if j < 0:
+                agree, probs = [], []  # heavy did not score this one: keep only a full suffix
+                continue
+            agree.append(int(hres.tokens[j]) == int(drafted[i]))
+            known = i < kept  # committed drafts were sent to heavy, the unsure one was not
+            probs.append(float(hres.input_probs[j]) if known else (float(hres.token_probs[j]) if agree[-1] else float("nan")))
+        note["heavy_agree"], note["heavy_prob"] = agree, probs
+
     # ---- driver -----------------------------------------------------------------------
     async def run_block(self) -> None:
-        mode = self.params.mode
+        if self.hooks is None:
+            return await self._run_block(self.params.mode)
+        plan = self.hooks.plan(self.base_params, self.block)
+        self.params, self.block = plan.params, plan.block
+        before = (self.generated, self.stats.heavy_calls, self.stats.heavy_ms, self.stats.heavy_forward_ms,
+                  self.stats.light_ms, self.stats.rolled_back_tokens, time.perf_counter(), self.block)
+        self._note = {}
+        await self._run_block(plan.mode)
+        self.hooks.after_block(self._record(plan.mode, before))
+
+    def _record(self, mode: str, before: tuple) -> BlockRecord:
+        generated, heavy_calls, heavy_ms, heavy_fwd, light_ms, rolled, t0, block = before
+        n, s = self._note, self.stats
+        default_action = ACTION_HEAVY if mode in ("heavy", "verify") else ACTION_LIGHT
+        agree = tuple(bool(a) for a in n.get("heavy_agree", ()))
+        return BlockRecord(
+            request_id=self.request_id, position=generated, mode=mode, action=n.get("action", default_action),
+            block_size=block, drafted=tuple(int(t) for t in n.get("drafted", ())),
+            confidence=tuple(round(float(x), 5) for x in n.get("confidence", ())),
+            entropy=tuple(round(float(x), 5) for x in n.get("entropy", ())),
+            committed_light=int(n.get("committed_light", 0)), heavy_agree=agree,
+            heavy_prob=tuple(round(float(x), 5) for x in n.get("heavy_prob", ()))[: len(agree)],
+            rolled_back=s.rolled_back_tokens - rolled, heavy_calls=s.heavy_calls - heavy_calls,
+            heavy_ms=s.heavy_ms - heavy_ms, heavy_forward_ms=s.heavy_forward_ms - heavy_fwd,
+            light_ms=s.light_ms - light_ms, latency_ms=(time.perf_counter() - t0) * 1e3,
+            committed=self.generated - generated,
+        )
+
+    async def _run_block(self, mode: str) -> None:
         if mode == "heavy":
             await self.single_branch_block(self.heavy, HEAVY)
         elif mode == "light":
@@ -281,6 +343,8 @@ async def generate(
     emit: Emit,
     is_cancelled: Callable[[], bool] = lambda: False,
     session_id: int | None = None,
+    hooks: BlockHooks | None = None,
+    request_id: str = "",
 ) -> RequestStats:
     """Run one request to completion, calling ``emit`` whenever tokens become final.
 
@@ -288,7 +352,7 @@ async def generate(
     Both branch sessions are released whatever happens (error, cancellation).
     """
     started = time.perf_counter()
-    loop = BlockLoop(request, light, heavy, session_id)
+    loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id)
     try:
         while not loop.done:
             if is_cancelled():

@@ -158,3 +158,17 @@ def parse_bool_parameter(parameters: Mapping[str, str], name: str, default: bool
     if name not in parameters or parameters[name] == "":
         return default
     return _convert(name, parameters[name], bool)
+
+
+def dataclass_from_config(cls, parameters: Mapping[str, str], prefix: str = ""):
+    """A frozen config dataclass from config.pbtxt parameters named ``prefix + field``.
+
+    Same conversion and truthy set as ``RouterDefaults``; absent or empty keys keep the
+    dataclass default; a malformed value raises ``InvalidRequest`` naming the parameter.
+    """
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if key in parameters and parameters[key] != "":
+            values[f.name] = _convert(key, parameters[key], type(getattr(cls, f.name)))
+    return cls(**values)

@@ -201,7 +201,7 @@ def _response(result):
 
 def _message(exc: Exception) -> str:
     # the router (BLS or remote) recognises an expired session by its class name
-    return f"{type(exc).__name__}: {exc}" if isinstance(exc, SessionMissing) else str(exc)
+    return f"{exc} [SessionMissing]" if isinstance(exc, SessionMissing) else str(exc)
 
 
 def _error(message: str):

@@ -8,6 +8,7 @@ last tokens, an error naming the field or branch, or a cancellation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import traceback
 
 import numpy as np
@@ -16,10 +17,12 @@ from .block_loop import RequestCancelled, generate
 from .bls_branch import BlsBranch
 from .branch_protocol import BranchError
 from .detokenize import stream_window
+from .operations import Operations
 from .params import InvalidRequest, RouterDefaults
 from .router_request import parse_request
 from .stats import RequestStats
 from .triton_io import config_parameters, error_response
+from .triton_ops import request_info
 
 OUTPUT_IDS = "OUTPUT_IDS"
 PREFIX_LEN = "PREFIX_LEN"
@@ -58,6 +61,7 @@ class RouterModel:
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
         self.defaults = RouterDefaults.from_config(config_parameters(args))
+        self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
         self.light = BlsBranch("light", self.defaults.light_model, pb_utils)
         self.heavy = BlsBranch("heavy", self.defaults.heavy_model, pb_utils)
         self.logger = pb_utils.Logger
@@ -74,13 +78,22 @@ class RouterModel:
     async def serve(self, request) -> None:
         pb = self.pb
         sender = request.get_response_sender()
+        mode, arm, reason = self.defaults.mode, "", "error"  # labels if it fails before admission
         try:
             gen_request = parse_request(pb, request, self.defaults)
+            admission = self.ops.admit(request_info(pb, request), gen_request.params)
+            mode, arm = admission.params.mode, admission.arm
+            gen_request = dataclasses.replace(gen_request, params=admission.params)
             writer = ResponseWriter(pb, sender, gen_request.params.stream)
-            await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled)
+            stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
+                                   hooks=admission.hooks, request_id=admission.request_id)
+            self.ops.finish(admission, stats)
+            return
         except InvalidRequest as exc:
+            reason = "invalid"
             self._fail(sender, str(exc))
         except RequestCancelled as exc:
+            reason = "cancelled"
             self._fail(sender, str(exc), cancelled=True)
         except BranchError as exc:
             self.logger.log_error(f"router: request failed in a branch: {exc}")
@@ -88,6 +101,7 @@ class RouterModel:
         except Exception as exc:  # noqa: BLE001 - one request fails, the server keeps serving
             self.logger.log_error("router: internal error\n" + traceback.format_exc())
             self._fail(sender, f"router internal error: {type(exc).__name__}: {exc}")
+        self.ops.fail(mode, arm or "none", reason)
 
     def _fail(self, sender, message: str, cancelled: bool = False) -> None:
         try:
@@ -99,3 +113,4 @@ class RouterModel:
     async def drain(self, timeout_s: float) -> None:
         if self.inflight:
             await asyncio.wait(list(self.inflight), timeout=timeout_s)
+        self.ops.close()

@@ -1,0 +1,50 @@
+"""Shared test fixtures.
+
+Triton: `start_triton` (per test) and `start_triton_module` (per module) are factories:
+``server = start_triton(repository, **TritonServer_kwargs)`` starts a real tritonserver on
+free loopback ports, waits until every model is ready and returns the `TritonServer`
+(``server.http_url``, ``server.grpc_url``, ``server.metrics_url``). Every server a factory
+started is stopped when its scope ends — also when the test fails or start-up raises.
+Logs go to the test's tmp dir unless ``log_path`` is given.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tokenrouter_backend.server_launcher import TritonServer
+
+TEST_READY_TIMEOUT_S = 120.0  # tiny models load in seconds; this only bounds a hang
+
+StartTriton = Callable[..., TritonServer]
+
+
+def _triton_factory(log_dir: Path) -> Iterator[StartTriton]:
+    started: list[TritonServer] = []
+
+    def start(repository: Path, **kwargs) -> TritonServer:
+        kwargs.setdefault("log_path", log_dir / f"tritonserver-{len(started)}.log")
+        kwargs.setdefault("ready_timeout_s", TEST_READY_TIMEOUT_S)
+        server = TritonServer(repository, **kwargs)
+        started.append(server)  # before start(): stopped even if start-up raises
+        server.start()
+        server.wait_ready()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def start_triton(tmp_path: Path) -> Iterator[StartTriton]:
+    yield from _triton_factory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def start_triton_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartTriton]:
+    yield from _triton_factory(tmp_path_factory.mktemp("triton"))

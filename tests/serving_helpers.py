@@ -1,0 +1,92 @@
+"""Helpers for the serving tests: build the tiny repository once, call the router directly.
+
+The router model is served on its own too (ensemble members are ordinary models), so a
+test can send token ids and read token ids back (``router_tokens``): token-for-token
+comparisons without a detokenizer in the way.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import re
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROUTER_KNOB_TYPES = {
+    "max_tokens": (np.int32, "INT32"), "block_size": (np.int32, "INT32"), "rollback_window": (np.int32, "INT32"),
+    "top_k": (np.int32, "INT32"), "END_ID": (np.int32, "INT32"), "stream": (bool, "BOOL"),
+    "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"),
+    "confidence_threshold": (np.float32, "FP32"), "entropy_threshold": (np.float32, "FP32"),
+    "rollback_threshold": (np.float32, "FP32"), "draft_confidence_threshold": (np.float32, "FP32"),
+    "random_seed": (np.uint64, "UINT64"), "router_mode": (np.object_, "BYTES"), "block_schedule": (np.object_, "BYTES"),
+}
+
+
+def build_tiny_repository(root: Path) -> Path:
+    """Tiny pair -> exported model repository (cached by the exporter's up-to-date stamps)."""
+    from export.pipeline import export_pair
+    from export.tiny_pair import build_tiny_pair
+
+    heavy, light = build_tiny_pair(root / "pair")
+    out = root / "repository"
+    export_pair(heavy, light, out)
+    return out
+
+
+def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, **knobs) -> tuple[list[int], dict]:
+    """Call the router model directly (gRPC stream); returns (generated ids, routing stats)."""
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, values, dtype, kind):
+        arr = np.asarray(values, dtype=dtype).reshape(1, -1)
+        t = grpcclient.InferInput(name, list(arr.shape), kind)
+        t.set_data_from_numpy(arr)
+        return t
+
+    inputs = [tensor("INPUT_ID", list(prompt_ids), np.int32, "INT32")]
+    if stop_ids is not None:
+        inputs.append(tensor("STOP_IDS", stop_ids, np.int32, "INT32"))
+    for name, value in knobs.items():
+        dtype, kind = ROUTER_KNOB_TYPES[name]
+        inputs.append(tensor(name, [value.encode() if dtype is np.object_ else value], dtype, kind))
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda r, e: results.put((r, e)))
+    tokens, stats = [], {}
+    try:
+        client.async_stream_infer("router", inputs)
+        while True:
+            result, error = results.get(timeout=120)
+            if error is not None:
+                raise RuntimeError(str(error))
+            window = result.as_numpy("OUTPUT_IDS").reshape(-1).tolist()
+            prefix = int(result.as_numpy("PREFIX_LEN").reshape(-1)[0])
+            tokens += window[prefix:]
+            stats = json.loads(result.as_numpy("ROUTING_STATS").reshape(-1)[0])
+            if bool(result.as_numpy("IS_FINAL").reshape(-1)[0]):
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return tokens, stats
+
+
+def model_stats(http_url: str, model: str) -> dict:
+    with urllib.request.urlopen(f"{http_url}/v2/models/{model}/stats") as r:
+        return json.loads(r.read())["model_stats"][0]
+
+
+def scrape_metric(metrics_url: str, name: str, labels: dict[str, str]) -> float:
+    """Value of one Prometheus sample (labels must match exactly the given subset)."""
+    with urllib.request.urlopen(f"{metrics_url}/metrics") as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", line)
+        if not m:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(m.group(2))
+    raise KeyError(f"metric {name}{labels} not found")

@@ -1,0 +1,110 @@
+"""`tokenrouter` command: lazy subcommands; `serve` end to end (ready, SIGTERM, failing model)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tokenrouter_backend import cli
+from triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVE_TIMEOUT_S = 120
+
+
+def _tokenrouter(*args: str, data_dir: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), TOKENROUTER_DATA=str(data_dir))
+    return subprocess.Popen([sys.executable, "-m", "tokenrouter_backend", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _serve_args(repo: Path, tmp_path: Path) -> list[str]:
+    return ["serve", "--repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+            "--metrics-port", "0", "--log-file", str(tmp_path / "serve.log"),
+            "--ready-timeout", str(SERVE_TIMEOUT_S)]
+
+
+def _server_pids(repo: Path) -> list[int]:
+    """tritonserver (``--model-repository=REPO``) and stub (``REPO/<model>/1/model.py``) pids."""
+    pids = []
+    for pattern in (f"--model-repository={repo}", f"{repo}/"):
+        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
+        pids += [int(p) for p in out.split()]
+    return pids
+
+
+def test_unavailable_subcommand_fails_alone(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", cli.SUBCOMMANDS + (
+        cli.Subcommand("ghost", "tokenrouter_backend.no_such_module", "missing"),))
+    assert cli.main(["ghost", "--its-own-option", "x"]) == cli.EXIT_USAGE
+    assert "tokenrouter_backend.no_such_module" in capsys.readouterr().err
+
+
+def test_help_imports_no_subcommand_module():
+    _, loaded = cli.build_parser(selected=None)
+    assert loaded == {}
+
+
+def test_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "add_one", ADD_ONE_MODEL)
+    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("  metrics"):
+                break
+        text = "".join(lines)
+        assert "ready" in text, text + proc.stderr.read()
+        assert re.search(r"HTTP +http://127\.0\.0\.1:\d+", text)
+        assert re.search(r"gRPC +127\.0\.0\.1:\d+", text)
+        assert len(_server_pids(repo)) >= 2, "expected tritonserver and a stub running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=SERVE_TIMEOUT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    assert _server_pids(repo) == []
+
+
+def test_killed_serve_leaves_no_server(tmp_path):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "add_one", ADD_ONE_MODEL)
+    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    try:
+        assert any(line.startswith("ready") for line in proc.stdout), proc.stderr.read()
+        assert _server_pids(repo)
+    finally:
+        proc.kill()  # SIGKILL: serve cannot clean up; the server must notice by itself
+        proc.wait()
+    deadline = time.monotonic() + SERVE_TIMEOUT_S
+    while _server_pids(repo) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _server_pids(repo) == []
+
+
+def test_serve_exits_nonzero_with_the_failing_models_error(tmp_path):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "add_one", ADD_ONE_MODEL)
+    write_failing_model(repo, "broken", "tokenizer file missing")
+    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    try:
+        _, err = proc.communicate(timeout=SERVE_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "'broken'" in err and "tokenizer file missing" in err
+    assert _server_pids(repo) == []
+
+
+def test_serve_refuses_a_missing_repository(tmp_path):
+    proc = _tokenrouter("serve", "--repository", str(tmp_path / "nope"), data_dir=tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "model repository not found" in err

@@ -1,0 +1,224 @@
+"""The serving path through a real tritonserver on the tiny pair: modes, batching, streaming,
+bad input, cancellation, stops — what a user of the ensemble would check."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import queue
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from client.triton_client import GenerationError, generate_grpc, generate_http
+from serving_helpers import build_tiny_repository, model_stats, router_tokens, scrape_metric
+
+PROMPTS = [
+    "def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def __init__(self):\n",
+    "for i in range(10):\n    ", "def read_file(path):\n    with open(", "# Sort a list of numbers\n",
+    "if __name__ == '__main__':\n", "def add(a, b):\n    return", "x = [1, 2, 3]\nprint(", "try:\n    import json\n",
+    "def is_prime(n):\n", "while True:\n    line = ", "return self.", "def __repr__(self):\n        return",
+    "raise ValueError(", "lambda x: x", "data = {'a': 1, ", "def main():\n    args = ", "self.assertEqual(",
+    "from collections import",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory):
+    return build_tiny_repository(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repo, start_triton_module):
+    return start_triton_module(tiny_repo)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_repo):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tiny_repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json"))
+
+
+def ids(tokenizer, text):
+    return tokenizer.encode(text).ids
+
+
+def test_verify_equals_heavy_token_for_token(server, tokenizer):
+    url = server.grpc_url
+    jobs = []
+    with cf.ThreadPoolExecutor(4) as pool:
+        for prompt in PROMPTS:
+            p = ids(tokenizer, prompt)
+            jobs.append((prompt, "heavy", pool.submit(router_tokens, url, p, router_mode="heavy", max_tokens=24)))
+            for k, schedule in ((1, "fixed"), (3, "fixed"), (5, "heuristic")):
+                jobs.append((prompt, f"verify k={k}", pool.submit(
+                    router_tokens, url, p, router_mode="verify", max_tokens=24, block_size=k, block_schedule=schedule)))
+    ref = {}
+    accepted = 0
+    for prompt, arm, fut in jobs:
+        tokens, stats = fut.result()
+        if arm == "heavy":
+            ref[prompt] = tokens
+            assert stats["heavy_tokens"] == len(tokens) == 24
+    for prompt, arm, fut in jobs:
+        tokens, stats = fut.result()
+        assert tokens == ref[prompt], f"{arm} differs from heavy on {prompt!r}"
+        accepted += stats["drafts_accepted"]
+    assert accepted > 0, "the tiny light model never agreed with the heavy one: verify was not exercised"
+
+
+def test_route_limits_equal_light_and_verify(server, tokenizer):
+    for prompt in PROMPTS[:6]:
+        p = ids(tokenizer, prompt)
+        light, _ = router_tokens(server.grpc_url, p, router_mode="light", max_tokens=20)
+        route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20, confidence_threshold=0.0)
+        assert route0 == light and stats0["heavy_calls"] == 0
+        verify, _ = router_tokens(server.grpc_url, p, router_mode="verify", max_tokens=20)
+        route_hi, stats_hi = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
+                                           confidence_threshold=1.5)
+        assert route_hi == verify and stats_hi["heavy_tokens"] == 20
+
+
+def test_concurrent_requests_batch_and_match_sequential(server, tokenizer):
+    prompts = [ids(tokenizer, p) for p in PROMPTS[:8]]
+    sequential = [router_tokens(server.grpc_url, p, router_mode="verify", max_tokens=16)[0] for p in prompts]
+    before = model_stats(server.http_url, "heavy")
+    with cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(router_tokens, server.grpc_url, p, router_mode="verify", max_tokens=16) for p in prompts]
+        concurrent = [f.result()[0] for f in futures]
+    after = model_stats(server.http_url, "heavy")
+    assert concurrent == sequential
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert executions < inferences, f"no batching: {inferences} requests in {executions} executions"
+    assert any(int(b["batch_size"]) > 1 for b in after["batch_stats"])
+
+
+def test_streams_complete_and_short_ones_finish_first(server):
+    lengths = [4, 48, 8, 40, 12, 32, 6, 24]
+    prompt = PROMPTS[0]
+    reference = {n: generate_http(server.http_url.replace("http://", ""), prompt, max_tokens=n,
+                                  router_mode="verify").text for n in set(lengths)}
+    done_at = {}
+
+    def one(i, n):
+        result = generate_grpc(server.grpc_url, prompt, stream=True, max_tokens=n, router_mode="verify")
+        done_at[i] = time.perf_counter()
+        return result
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8), lengths))
+    for n, result in zip(lengths, results):
+        assert result.text == reference[n] and result.stats["generated_tokens"] == n
+        assert len(result.chunks) >= 2, "streaming should deliver several chunks"
+    order = sorted(range(8), key=done_at.get)
+    shortest, longest = lengths.index(4), lengths.index(48)
+    assert order.index(shortest) < order.index(longest)
+
+
+def test_http_generate_stream_and_grpc_agree(server):
+    host = server.http_url.replace("http://", "")
+    plain = generate_http(host, PROMPTS[2], max_tokens=20, router_mode="route")
+    streamed = generate_http(host, PROMPTS[2], stream=True, max_tokens=20, router_mode="route")
+    grpc = generate_grpc(server.grpc_url, PROMPTS[2], stream=True, max_tokens=20, router_mode="route")
+    assert plain.text == streamed.text == grpc.text and plain.text
+    assert plain.stats["generated_tokens"] == 20
+    for key in ("light_tokens", "heavy_tokens", "light_calls", "heavy_calls", "drafts_proposed", "drafts_accepted",
+                "rollbacks", "light_ms", "heavy_ms", "router_overhead_ms"):
+        assert key in plain.stats
+
+
+BAD_INPUTS = [
+    ({"max_tokens": -1}, "max_tokens must be in [1, 4096]; got -1"),
+    ({"max_tokens": 100000}, "max_tokens must be in [1, 4096]; got 100000"),
+    ({"router_mode": "fast"}, "router_mode must be one of heavy, light, verify, route; got 'fast'"),
+    ({"confidence_threshold": -0.5}, "confidence_threshold must be in [0.0, 2.0]; got -0.5"),
+    ({"rollback_threshold": 3.0}, "rollback_threshold must be in [0.0, 1.0]; got 3.0"),
+    ({"block_size": 0}, "block_size must be in [1, 16]; got 0"),
+    ({"text_input": ""}, "text_input must be a non-empty string"),
+    ({"text_input": "x " * 3000, "max_tokens": 64}, "must fit the context of"),
+    ({"max_tokens": "ten"}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("body,message", BAD_INPUTS, ids=[m[:30] for _, m in BAD_INPUTS])
+def test_bad_input_names_field_and_server_keeps_serving(server, body, message):
+    full = {"text_input": "def f():", "max_tokens": 8, **body}
+    r = requests.post(f"{server.http_url}/v2/models/tokenrouter/generate", json=full, timeout=60)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]
+    ok = generate_http(server.http_url.replace("http://", ""), "def f():", max_tokens=4)
+    assert ok.stats["generated_tokens"] == 4
+
+
+def test_wrong_dtype_is_named(server):
+    import tritonclient.grpc as grpcclient
+
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"def f():"]], dtype=np.object_))
+    bad = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+    bad.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda r, e: results.put(e))
+    try:
+        client.async_stream_infer("tokenrouter", [text, bad])
+        error = results.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "max_tokens" in str(error) and "FP32" in str(error)
+
+
+def test_cancelled_stream_releases_sessions(server):
+    import tritonclient.grpc as grpcclient
+
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[PROMPTS[0].encode()]], dtype=np.object_))
+    inputs = [text]
+    for name, value, dtype, kind in (("max_tokens", 2000, np.int32, "INT32"), ("stream", True, bool, "BOOL"),
+                                     ("router_mode", b"verify", np.object_, "BYTES")):
+        t = grpcclient.InferInput(name, [1, 1], kind)
+        t.set_data_from_numpy(np.array([[value]], dtype=dtype))
+        inputs.append(t)
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda r, e: got.put((r, e)))
+    client.async_stream_infer("tokenrouter", inputs)
+    got.get(timeout=60)  # at least one chunk arrived: the request is mid-generation
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        live = [scrape_metric(server.metrics_url, "tokenrouter_kv_sessions", {"branch": b}) for b in ("heavy", "light")]
+        if live == [0.0, 0.0]:
+            break
+        time.sleep(0.5)
+    assert live == [0.0, 0.0], f"sessions left behind after cancel: heavy/light = {live}"
+    ok = generate_http(server.http_url.replace("http://", ""), "def f():", max_tokens=4)
+    assert ok.stats["generated_tokens"] == 4
+
+
+def test_stop_words_and_end_id(server, tokenizer):
+    host = server.http_url.replace("http://", "")
+    full = generate_http(host, PROMPTS[0], max_tokens=32, router_mode="verify")
+    token_ids = ids(tokenizer, PROMPTS[0])
+    gen, _ = router_tokens(server.grpc_url, token_ids, router_mode="verify", max_tokens=32)
+    # end_id: the 6th generated token ends the answer just before its first occurrence
+    end = gen[5]
+    cut, stats = router_tokens(server.grpc_url, token_ids, router_mode="verify", max_tokens=32, END_ID=end)
+    assert cut == gen[: gen.index(end)] and stats["finish_reason"] == "end_id"
+    # stop word: a piece of the full answer's text; the answer stops before it
+    word = full.text[10:14]
+    stopped = generate_http(host, PROMPTS[0], max_tokens=32, router_mode="verify", stop_words=[word])
+    assert stopped.stats["finish_reason"] == "stop_words", stopped.stats
+    assert word not in stopped.text and full.text.startswith(stopped.text)
+
+
+def test_sampling_is_reproducible_with_seed(server):
+    host = server.http_url.replace("http://", "")
+    a = generate_http(host, PROMPTS[4], max_tokens=16, temperature=0.8, top_p=0.9, random_seed=7, router_mode="verify")
+    b = generate_http(host, PROMPTS[4], max_tokens=16, temperature=0.8, top_p=0.9, random_seed=7, router_mode="verify")
+    assert a.text == b.text and a.stats["generated_tokens"] == 16

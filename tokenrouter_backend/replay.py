@@ -1,0 +1,112 @@
+"""``tokenrouter replay LOG``: predict route-mode behaviour from a verify-mode decision log.
+
+In ``verify`` mode every light draft up to and including the first rejection has a heavy
+verdict at the same prefix (the heavy model's own choice there, and the probability it
+gave the light token). Replaying route's rule on those tokens, for a threshold t:
+
+  light      : confidence >= t and entropy <= entropy_threshold (committed unchecked)
+  rolled back: light, not heavy's choice, heavy prob < rollback_threshold (heavy replaces it)
+  predicted light share = light and not rolled back, over all tokens with a verdict
+  predicted agreement   = 1 - (light, not heavy's choice, not rolled back) over the same
+
+Agreement means "the token is the heavy model's greedy choice given the text before it".
+Assumptions (why real route runs differ): verdicts come from the heavy-greedy trajectory,
+while route continues from its own text once it keeps a disagreement; tokens heavy
+produced itself without a light draft (verify's bonus tokens) have no verdict and are
+assumed to behave like the rest; a rollback in route needs a later heavy call, so a
+disagreement at the very end of a request stays.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .decision_log import read_log
+from .hooks import ACTION_VERIFY, BlockRecord
+
+DEFAULT_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
+DEFAULT_ROLLBACK = 0.05  # RouterDefaults.rollback_threshold
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    confidence: np.ndarray
+    entropy: np.ndarray
+    agree: np.ndarray  # bool
+    heavy_prob: np.ndarray  # nan when unknown
+
+    def __len__(self) -> int:
+        return len(self.agree)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    threshold: float
+    light_share: float
+    agreement: float
+    rollback_rate: float  # fraction of tokens a route run would roll back
+    tokens: int
+
+
+def collect(records: Iterable[BlockRecord]) -> Verdicts:
+    """Verdicts of greedy verify blocks (other blocks carry no complete verdicts)."""
+    conf, ent, agree, prob = [], [], [], []
+    for r in records:
+        if r.action != ACTION_VERIFY:
+            continue
+        for v in r.verdicts():
+            conf.append(v.confidence)
+            ent.append(v.entropy)
+            agree.append(v.agree)
+            prob.append(v.heavy_prob)
+    return Verdicts(np.asarray(conf, float), np.asarray(ent, float), np.asarray(agree, bool), np.asarray(prob, float))
+
+
+def predict(v: Verdicts, threshold: float, entropy_threshold: float = math.inf,
+            rollback_threshold: float = DEFAULT_ROLLBACK) -> Prediction:
+    n = len(v)
+    if n == 0:
+        return Prediction(threshold, 0.0, 1.0, 0.0, 0)
+    light = (v.confidence >= threshold) & (v.entropy <= entropy_threshold)
+    wrong = light & ~v.agree
+    rolled = wrong & (np.nan_to_num(v.heavy_prob, nan=1.0) < rollback_threshold)
+    kept_wrong = wrong & ~rolled
+    return Prediction(threshold, float((light & ~rolled).mean()), float(1.0 - kept_wrong.mean()),
+                      float(rolled.mean()), n)
+
+
+def table(v: Verdicts, grid: Sequence[float], entropy_threshold: float, rollback_threshold: float) -> str:
+    lines = [f"{len(v)} light tokens with a heavy verdict (verify-mode blocks)",
+             f"{'threshold':>9}  {'light_share':>11}  {'agreement':>9}  {'rollbacks':>9}"]
+    for t in grid:
+        p = predict(v, t, entropy_threshold, rollback_threshold)
+        lines.append(f"{t:>9.3f}  {p.light_share:>11.3f}  {p.agreement:>9.3f}  {p.rollback_rate:>9.3f}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="decision-log files (JSON lines) from verify mode")
+    parser.add_argument("--thresholds", default=",".join(map(str, DEFAULT_GRID)),
+                        help="comma-separated confidence thresholds to replay (default: %(default)s)")
+    parser.add_argument("--entropy-threshold", type=float, default=math.inf, help="route entropy limit (default: inf)")
+    parser.add_argument("--rollback-threshold", type=float, default=DEFAULT_ROLLBACK,
+                        help="route rollback threshold (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        grid = [float(x) for x in args.thresholds.split(",") if x.strip()]
+    except ValueError:
+        print(f"replay: --thresholds must be numbers separated by commas; got {args.thresholds!r}")
+        return 2
+    records = [r for path in args.logs for r in read_log(path)]
+    v = collect(records)
+    if not len(v):
+        print(f"replay: no verify-mode verdicts in {len(records)} records; collect the log with router_mode=verify")
+        return 1
+    print(table(v, grid, args.entropy_threshold, args.rollback_threshold))
+    return 0
