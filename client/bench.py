@@ -30,6 +30,7 @@ QUICK_THRESHOLDS = (0.8,)
 TRITON_MODES = ("heavy", "light", "verify", "route")
 WARMUP_TOKENS = 4
 REQUEST_TIMEOUT_S = 900.0
+RECORDS_JSONL = "records.jsonl"  # raw records, written as they complete
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,9 @@ def warm_up(arms: list[Arm], prompt: Prompt, url: str | None, peers, log) -> Non
 
 
 def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_tokens: int,
-                    url: str | None, peers, log=print) -> list[RunRecord]:
-    """Prompt-major loop; within a prompt the arm order rotates by one per prompt."""
+                    url: str | None, peers, log=print, sink: Path | None = None) -> list[RunRecord]:
+    """Prompt-major loop; within a prompt the arm order rotates by one per prompt. Each record
+    is also appended to ``sink`` (JSON lines) at once, so a cut-short run keeps its data."""
     records = []
     for rep in range(repeats):
         for i, prompt in enumerate(prompts):
@@ -132,6 +134,9 @@ def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_to
             for order, arm in enumerate(arms[shift:] + arms[:shift]):
                 rec = run_one(arm, prompt, rep, order, max_tokens, url, peers)
                 records.append(rec)
+                if sink is not None:
+                    with open(sink, "a") as fh:
+                        fh.write(json.dumps(asdict(rec)) + "\n")
                 log(f"[{rep}] {prompt.id:28s} {arm.name:18s} " +
                     (f"ERROR {rec.error[:120]}" if rec.error else
                      f"{rec.tokens:4d} tok {rec.latency_s:7.2f}s {rec.tokens_per_s:6.2f} tok/s "
@@ -215,7 +220,9 @@ def execute(args, url: str | None, log=print) -> dict:
     log(f"{len(prompts)} prompts x {len(arms)} arms: {', '.join(a.name for a in arms)}")
     warm_up(arms, prompts[0], url, peers, log)
     t0 = time.perf_counter()
-    records = run_interleaved(prompts, arms, args.repeats, args.max_tokens, url, peers, log)
+    sink = args.out / RECORDS_JSONL
+    sink.unlink(missing_ok=True)
+    records = run_interleaved(prompts, arms, args.repeats, args.max_tokens, url, peers, log, sink)
     wall = time.perf_counter() - t0
     tokenizer, scorer = _scorer_and_tokenizer(args, peers)
     add_quality(records, {p.id: p for p in prompts}, tokenizer, scorer)
