@@ -48,3 +48,20 @@ def start_triton(tmp_path: Path) -> Iterator[StartTriton]:
 @pytest.fixture(scope="module")
 def start_triton_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartTriton]:
     yield from _triton_factory(tmp_path_factory.mktemp("triton"))
+
+
+@pytest.fixture(scope="session")
+def tiny_repository() -> Path:
+    """The tiny pair exported into a model repository, built once and cached in the data dir.
+
+    The exporter's stamps make a second build a no-op; a changed template is copied again.
+    """
+    from export.pipeline import ExportOptions, export_pair
+    from export.tiny_pair import build_tiny_pair
+
+    from tokenrouter_backend import paths
+
+    heavy, light = build_tiny_pair(paths.tiny_dir())
+    out = paths.tiny_repository()
+    export_pair(heavy, light, out, ExportOptions(template=Path(__file__).resolve().parent.parent / "model_repository"))
+    return out

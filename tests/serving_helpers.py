@@ -1,4 +1,4 @@
-"""Helpers for the serving tests: build the tiny repository once, call the router directly.
+"""Helpers for the serving tests: call the router directly, read Triton statistics and metrics.
 
 The router model is served on its own too (ensemble members are ordinary models), so a
 test can send token ids and read token ids back (``router_tokens``): token-for-token
@@ -22,17 +22,6 @@ ROUTER_KNOB_TYPES = {
     "rollback_threshold": (np.float32, "FP32"), "draft_confidence_threshold": (np.float32, "FP32"),
     "random_seed": (np.uint64, "UINT64"), "router_mode": (np.object_, "BYTES"), "block_schedule": (np.object_, "BYTES"),
 }
-
-
-def build_tiny_repository(root: Path) -> Path:
-    """Tiny pair -> exported model repository (cached by the exporter's up-to-date stamps)."""
-    from export.pipeline import export_pair
-    from export.tiny_pair import build_tiny_pair
-
-    heavy, light = build_tiny_pair(root / "pair")
-    out = root / "repository"
-    export_pair(heavy, light, out)
-    return out
 
 
 def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, **knobs) -> tuple[list[int], dict]:

@@ -16,8 +16,8 @@ from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
 from tokenrouter_backend.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 
-launcher = pytest.importorskip("tokenrouter_backend.server_launcher")
-httpclient = pytest.importorskip("tritonclient.http")
+from tokenrouter_backend import server_launcher as launcher
+import tritonclient.http as httpclient
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository"
 

@@ -1,7 +1,7 @@
 """Through a real tritonserver (tiny pair): metrics add up to routing_stats; the roll-back switch.
 
-Needs the launcher (tests/conftest.py ``start_triton``), the exporter and the tiny pair;
-skipped with the reason until those are merged. ~1-2 min on 2 CPU cores.
+Uses the shared tiny repository (tests/conftest.py) copied, since it rewrites the router
+config. ~1-2 min on 2 CPU cores.
 """
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import json
 import re
 import time
 import urllib.request
+import shutil
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tokenrouter_backend.server_launcher", reason="needs the server launcher (foundation)")
-tiny_pair = pytest.importorskip("export.tiny_pair", reason="needs the exporter (export)")
-pipeline = pytest.importorskip("export.pipeline", reason="needs the exporter (export)")
-triton_client = pytest.importorskip("client.triton_client")
+from client import triton_client
 
 PROMPTS = ["def add(a, b):", "for i in range(", "import numpy as", "class Stack:", "while True:", "print("]
 COUNTERS = {  # metric (summed over labels) -> routing_stats field
@@ -29,11 +27,10 @@ COUNTERS = {  # metric (summed over labels) -> routing_stats field
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("ops_repo")
-    heavy, light = tiny_pair.build_tiny_pair(work / "pair")
-    out = work / "repo"
-    pipeline.export_pair(heavy, light, out, pipeline.ExportOptions(skip_validation=True))
+def repository(tmp_path_factory, tiny_repository) -> Path:
+    """A private copy of the tiny repository: these tests rewrite the router's config."""
+    out = tmp_path_factory.mktemp("ops_repo") / "repo"
+    shutil.copytree(tiny_repository, out, symlinks=True)
     return out
 
 

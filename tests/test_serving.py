@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from client.triton_client import GenerationError, generate_grpc, generate_http
-from serving_helpers import build_tiny_repository, model_stats, router_tokens, scrape_metric
+from serving_helpers import model_stats, router_tokens, scrape_metric
 
 PROMPTS = [
     "def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def __init__(self):\n",
@@ -25,8 +25,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def tiny_repo(tmp_path_factory):
-    return build_tiny_repository(tmp_path_factory.mktemp("tiny"))
+def tiny_repo(tiny_repository):
+    return tiny_repository
 
 
 @pytest.fixture(scope="module")
