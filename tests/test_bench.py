@@ -1,39 +1,31 @@
 """`tokenrouter bench` end to end on the tiny pair through a real tritonserver, and
 perf_analyzer driven with the generated input data against that server.
 
-The tiny pair and its exported repository are cached (``TOKENROUTER_TINY_DIR`` or
-~/.cache/tokenrouter/test) so that reruns skip the minutes of building.
+The tiny pair and its exported repository come from the shared, cached ``tiny_repository``
+fixture (tests/conftest.py).
 """
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 
 from client import bench, load
 from client.bench import RunRecord
 from client.workloads import load_workloads
+from export.tiny_pair import build_tiny_pair
+from tokenrouter_backend import paths
 
-pytest.importorskip("export.pipeline")
-from export.pipeline import ExportOptions, export_pair  # noqa: E402
-from export.tiny_pair import build_tiny_pair  # noqa: E402
-
-CACHE = Path(os.environ.get("TOKENROUTER_TEST_CACHE", Path.home() / ".cache" / "tokenrouter" / "test"))
 THRESHOLD = 0.8
 EXPECTED_ARMS = {"heavy", "light", "verify", f"route@{THRESHOLD:g}", "hf_heavy", "hf_assisted", "hf_prompt_lookup"}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    pair_dir = Path(os.environ.get("TOKENROUTER_TINY_DIR", CACHE / "tiny_pair"))
-    heavy, light = build_tiny_pair(pair_dir)
-    repo = CACHE / "tiny_repository"
-    # build files outside the repository: Triton would take OUT/.build for a model
-    export_pair(heavy, light, repo, ExportOptions(work_dir=CACHE / "tiny_build"))
-    return heavy, light, repo
+def tiny(tiny_repository):
+    """(heavy HF dir, light HF dir, exported repository): the shared, cached tiny pair."""
+    heavy, light = build_tiny_pair(paths.tiny_dir())   # stamp-checked: no rebuild
+    return heavy, light, tiny_repository
 
 
 @pytest.fixture(scope="module")
