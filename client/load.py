@@ -148,3 +148,33 @@ def sweep(grpc_url: str, prompts: list[Prompt], modes=DEFAULT_MODES, concurrenci
                                           if "error" not in p else f"error {p['error'][-200:]}"))
             points.append(p)
     return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m client.load --url HOST:PORT``: the sweep alone, written to OUT/load.json."""
+    import argparse
+
+    from .workloads import ALL_WORKLOADS, load_workloads
+
+    p = argparse.ArgumentParser(prog="python -m client.load", description=main.__doc__)
+    p.add_argument("--url", required=True, help="gRPC host:port")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES))
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
+    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+    p.add_argument("--per-workload", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--window", type=int, default=WINDOW_REQUESTS)
+    p.add_argument("--route-threshold", type=float, default=0.8)
+    p.add_argument("--out", type=Path, default=Path("bench_out"))
+    a = p.parse_args(argv)
+    prompts = load_workloads(a.workloads.split(","), per_workload=a.per_workload)
+    points = sweep(a.url, prompts, a.modes.split(","), [int(c) for c in a.concurrency.split(",")], a.max_tokens,
+                   a.out / "perf", {"route": {"confidence_threshold": a.route_threshold}}, a.window,
+                   lambda m: print(m, flush=True))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "load.json").write_text(json.dumps(points, indent=1))
+    return 0 if all("error" not in pt for pt in points) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
