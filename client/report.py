@@ -138,3 +138,23 @@ def write_all(results: dict, out: Path) -> None:
                         if fn(results, out / name)]
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "results.md").write_text(markdown(results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m client.report OUT [--load LOAD.json]``: re-render OUT from its results.json,
+    optionally adding a separate perf_analyzer sweep (``python -m client.load``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m client.report", description=main.__doc__)
+    p.add_argument("out", type=Path)
+    p.add_argument("--load", type=Path, default=None)
+    a = p.parse_args(argv)
+    results = json.loads((a.out / "results.json").read_text())
+    if a.load:
+        results["load"] = json.loads(a.load.read_text())
+    write_all(results, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
