@@ -140,6 +140,34 @@ def write_all(results: dict, out: Path) -> None:
     (out / "results.md").write_text(markdown(results))
 
 
+def from_records(out: Path, tokenizer_src: str | None) -> dict:
+    """Results of a cut-short run from its records.jsonl (no NLL: that needs the heavy model)."""
+    from .bench import RunRecord, machine_info
+    from .metrics import add_quality, paired_ratios, summarize
+    from .workloads import ALL_WORKLOADS, load_workloads
+
+    records = [RunRecord(**json.loads(line)) for line in (out / "records.jsonl").read_text().splitlines()]
+    prompts = {p.id: p for p in load_workloads(ALL_WORKLOADS, full=True)}
+    tokenizer = None
+    if tokenizer_src:
+        from .peers import _gguf_location
+        from transformers import AutoTokenizer
+
+        folder, gguf = _gguf_location(Path(tokenizer_src).expanduser())
+        tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf} if gguf else {}))
+    add_quality(records, prompts, tokenizer, None)
+    ratios = paired_ratios(records)
+    from dataclasses import asdict
+
+    ids = list(dict.fromkeys(r.prompt_id for r in records))
+    return {"config": {"max_tokens": None, "repeats": 1 + max(r.repeat for r in records), "prompts": ids,
+                       "arms": list(dict.fromkeys(r.arm for r in records)), "partial": True,
+                       "nll_scorer": None},
+            "machine": machine_info(), "wall_s": round(sum(r.latency_s for r in records), 1),
+            "records": [asdict(r) for r in records], "ratios": ratios,
+            "summary": summarize(records, ratios), "load": []}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m client.report OUT [--load LOAD.json]``: re-render OUT from its results.json,
     optionally adding a separate perf_analyzer sweep (``python -m client.load``)."""
@@ -148,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m client.report", description=main.__doc__)
     p.add_argument("out", type=Path)
     p.add_argument("--load", type=Path, default=None)
+    p.add_argument("--from-records", action="store_true",
+                   help="rebuild from OUT/records.jsonl (a run cut short): ratios, summary, HumanEval")
+    p.add_argument("--tokenizer", default=None, help="with --from-records: HF folder/GGUF for token agreement")
     a = p.parse_args(argv)
-    results = json.loads((a.out / "results.json").read_text())
+    results = (from_records(a.out, a.tokenizer) if a.from_records
+               else json.loads((a.out / "results.json").read_text()))
     if a.load:
         results["load"] = json.loads(a.load.read_text())
     write_all(results, a.out)
