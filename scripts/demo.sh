@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: set up, fetch and export the demo pair, serve it through Triton, send the
-# generation requests (once client/generate.py exists), stop the server. Idempotent: cached
+# code-completion requests in heavy/verify/route modes, print answers and routing stats, stop. Idempotent: cached
 # downloads and an up-to-date export are reused.
 # Env: TOKENROUTER_DATA (data dir, default ~/.cache/tokenrouter), DEMO_READY_TIMEOUT (s).
 set -euo pipefail
@@ -49,16 +49,7 @@ done
 cat "$SERVE_OUT"
 export TOKENROUTER_HTTP_URL="http://127.0.0.1:$HTTP_PORT" TOKENROUTER_GRPC_URL="127.0.0.1:$GRPC_PORT"
 
-# ---- generation requests: the serving-path issue plugs in here --------------------------
-# `tokenrouter generate` arrives with client/generate.py; until then the demo ends once every
-# model is ready. Adjust the options below to client.generate's once it exists.
-if [ -f client/generate.py ]; then
-  echo "== generate"
-  "$TR" generate --url "$TOKENROUTER_HTTP_URL" \
-    "Write a Python function that returns the n-th Fibonacci number."
-else
-  echo "== client/generate.py not there yet: skipping the generation request"
-fi
-# ------------------------------------------------------------------------------------------
+echo "== generate: code completion in heavy, verify and route modes"
+"$PY" -m client.demo --url "127.0.0.1:$HTTP_PORT"
 
 echo "== stop"

@@ -42,7 +42,7 @@ def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, **knobs) -> tuple[li
         inputs.append(tensor(name, [value.encode() if dtype is np.object_ else value], dtype, kind))
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
-    client.start_stream(callback=lambda r, e: results.put((r, e)))
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
     tokens, stats = [], {}
     try:
         client.async_stream_infer("router", inputs)
@@ -69,7 +69,7 @@ def model_stats(http_url: str, model: str) -> dict:
 
 def scrape_metric(metrics_url: str, name: str, labels: dict[str, str]) -> float:
     """Value of one Prometheus sample (labels must match exactly the given subset)."""
-    with urllib.request.urlopen(f"{metrics_url}/metrics") as r:
+    with urllib.request.urlopen(metrics_url) as r:  # TritonServer.metrics_url ends in /metrics
         text = r.read().decode()
     for line in text.splitlines():
         m = re.match(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", line)

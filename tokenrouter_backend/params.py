@@ -40,6 +40,7 @@ class RouterDefaults:
     draft_confidence_threshold: float = 0.4  # verify: light stops drafting below this prob
     heavy_model: str = "heavy"
     light_model: str = "light"
+    heavy_url: str = ""  # gRPC host:port of a separate heavy server; "" = same server (BLS)
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":

@@ -15,6 +15,7 @@ import numpy as np
 
 from .block_loop import RequestCancelled, generate
 from .bls_branch import BlsBranch
+from .remote_branch import RemoteBranch, resolve_heavy_url
 from .branch_protocol import BranchError
 from .detokenize import stream_window
 from .operations import Operations
@@ -63,9 +64,17 @@ class RouterModel:
         self.defaults = RouterDefaults.from_config(config_parameters(args))
         self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
         self.light = BlsBranch("light", self.defaults.light_model, pb_utils)
-        self.heavy = BlsBranch("heavy", self.defaults.heavy_model, pb_utils)
+        self.heavy = self._heavy_branch()
         self.logger = pb_utils.Logger
         self.inflight: set[asyncio.Task] = set()
+
+    def _heavy_branch(self):
+        """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
+        url = resolve_heavy_url(self.defaults.heavy_url)
+        if not url:
+            return BlsBranch("heavy", self.defaults.heavy_model, self.pb)
+        self.logger.log_info(f"router: heavy branch is remote at {url}")
+        return RemoteBranch("heavy", url, model=self.defaults.heavy_model)
 
     async def execute(self, requests) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,136 @@
+"""Exporter on the tiny pair: parity, INT8 agreement, tokenizer refusal, up-to-date skip,
+repository filling and the CLI entry."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from export import pipeline, quantize
+from export.pipeline import ExportOptions, TokenizerMismatch, export_pair
+from export.repository import TemplateError, fill_repository, fill_text
+from export.validate import (FP32_REL_TOL, INT8_MIN_AGREEMENT, ValidationError, prompt_ids,
+                             validate_onnx)
+from tests.fixtures_export import tiny_export, tiny_pair, tiny_template  # noqa: F401
+
+INT8_SANE_FLOOR = 0.85  # tiny pair, top-1 vs transformers FP32 (measured ~0.95)
+
+
+def test_fp32_parity(tiny_export):  # noqa: F811
+    _, report = tiny_export
+    val = report["heavy"]["validation"]
+    print("heavy fp32 validation:", json.dumps(val))
+    assert val["passed"] and set(val["per_check"]) == {"prefill", "decode", "batch"}
+    assert val["max_abs_diff"] <= FP32_REL_TOL * max(val["logit_scale"], 1.0)
+    assert val["per_check"]["batch"]["top1_agreement"] == 1.0
+
+
+def test_int8_agreement(tiny_export):  # noqa: F811
+    _, report = tiny_export
+    light = report["light"]
+    for mode, cand in light["quant_candidates"].items():
+        print(f"light {mode}: top-1 {cand['top1_agreement']:.3f}, "
+              f"b1 {cand['step_ms_b1']} ms, b8 {cand['step_ms_b8']} ms, {cand['onnx_bytes']} B")
+    assert set(light["quant_candidates"]) == set(quantize.QUANT_MODES)
+    assert light["precision"].startswith("int8")
+    assert light["validation"]["top1_agreement"] >= max(INT8_SANE_FLOOR, INT8_MIN_AGREEMENT)
+
+
+def test_validation_can_fail(tiny_export, tiny_pair):  # noqa: F811
+    """Reference logits off by more than the bound must fail the export."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from export.validate import reference_logits
+
+    out, _ = tiny_export
+    tok = AutoTokenizer.from_pretrained(tiny_pair[0])
+    prompts = list(prompt_ids(tok))
+    refs = reference_logits(AutoModelForCausalLM.from_pretrained(tiny_pair[0]), prompts)
+    validate_onnx(out / "heavy" / "1", refs, prompts, "fp32")
+    bad = [r + np.float32(0.05) * np.abs(r).max() for r in refs]
+    with pytest.raises(ValidationError, match="max_abs_diff"):
+        validate_onnx(out / "heavy" / "1", bad, prompts, "fp32")
+
+
+def test_repository_layout(tiny_export):  # noqa: F811
+    out, report = tiny_export
+    for rel in ("heavy/1/model.onnx", "heavy/1/model.json", "light/1/model.onnx", "light/1/model.json",
+                "preprocessing/1/tokenizer/tokenizer.json", "postprocessing/1/tokenizer/tokenizer.json",
+                "export.json", "light/1/model.py"):
+        assert (out / rel).is_file(), rel
+    cfg = (out / "heavy" / "config.pbtxt").read_text()
+    assert "${" not in cfg and '"fp32"' in cfg
+    assert report["placeholders"]["vocab_size"] == 768
+    assert json.loads((out / "export.json").read_text())["light"]["precision"] == report["light"]["precision"]
+
+
+def test_up_to_date_export_is_skipped(tiny_export, tiny_pair, tiny_template):  # noqa: F811
+    out, _ = tiny_export
+    onnx = out / "heavy" / "1" / "model.onnx"
+    before = onnx.stat().st_mtime_ns
+    again = export_pair(*tiny_pair, out, ExportOptions(template=tiny_template))
+    assert again["heavy"]["skipped"] and again["light"]["skipped"]
+    assert onnx.stat().st_mtime_ns == before
+
+
+def test_refuses_different_tokenizers(tiny_pair, tiny_template, tmp_path):  # noqa: F811
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "light"
+    shutil.copytree(tiny_pair[1], other)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<|extra|>"])
+    tok.save_pretrained(other)
+    with pytest.raises(TokenizerMismatch, match="vocabulary differs"):
+        export_pair(tiny_pair[0], other, tmp_path / "repo", ExportOptions(template=tiny_template))
+    assert not (tmp_path / "repo").exists()
+
+
+def test_cli_reports_mismatch(tiny_pair, tmp_path, capsys):  # noqa: F811
+    other = tmp_path / "light"
+    shutil.copytree(tiny_pair[1], other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = "<|pad|>"
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    parser = argparse.ArgumentParser()
+    pipeline.add_arguments(parser)
+    args = parser.parse_args(["--heavy", str(tiny_pair[0]), "--light", str(other), "--out", str(tmp_path / "o")])
+    assert pipeline.run(args) == 1
+    assert "eos_token differs" in capsys.readouterr().err
+
+
+def test_unknown_placeholder_is_an_error(tmp_path):
+    template = tmp_path / "tmpl"
+    (template / "router" / "1").mkdir(parents=True)
+    (template / "router" / "config.pbtxt").write_text('name: "router"\nparameters { value: "${block_size}" }\n')
+    values = {k: 1 for k in ("heavy_device", "light_device", "heavy_threads", "light_threads", "max_context",
+                             "end_id", "vocab_size", "heavy_precision", "light_precision")}
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    with pytest.raises(TemplateError, match=r"router/config.pbtxt.*\$\{block_size\}"):
+        fill_repository(template, tmp_path / "out", values, {}, tok, {})
+
+
+def test_fill_text():
+    assert fill_text("a ${x} b ${y}", {"x": 1, "y": "cpu"}, "f") == "a 1 b cpu"
+    with pytest.raises(TemplateError, match=r"f: .*\$\{z\}"):
+        fill_text("${z}", {}, "f")
+
+
+def test_pick_fastest_at_equal_agreement():
+    res = {"dynamic": {"top1_agreement": 0.92, "step_ms_b1": 45, "step_ms_b8": 85},
+           "matmulnbits8": {"top1_agreement": 1.0, "step_ms_b1": 48, "step_ms_b8": 141},
+           "dynamic-per-channel": {"top1_agreement": 0.99, "step_ms_b1": 50, "step_ms_b8": 90}}
+    assert quantize.pick_fastest(res) == "dynamic-per-channel"
+    res["dynamic"]["top1_agreement"] = 0.99
+    assert quantize.pick_fastest(res) == "dynamic"
+
+
+def test_options_reject_unknown_values():
+    with pytest.raises(ValueError, match="--device"):
+        ExportOptions(device="tpu")
+    with pytest.raises(ValueError, match="--light-quant"):
+        ExportOptions(light_quant="int4")

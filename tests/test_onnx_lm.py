@@ -1,0 +1,97 @@
+"""OnnxCausalLM on the exported tiny heavy model: the KV contract and padded batching."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from export.validate import batch_step
+from tests.fixtures_export import tiny_export, tiny_pair, tiny_template  # noqa: F401
+from tokenrouter_backend.onnx_lm import ModelInfo, OnnxCausalLM
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_export):  # noqa: F811
+    out, _ = tiny_export
+    return OnnxCausalLM(out / "heavy" / "1")
+
+
+def _single(lm, ids):
+    (logits, kv), = batch_step(lm, [lm.empty_past(1)], [ids], [0])
+    return logits, kv
+
+
+def test_new_kv_holds_only_new_tokens(lm):
+    info = lm.info
+    logits, kv = _single(lm, [3, 4, 5])
+    assert logits.shape == (3, info.vocab_size) and logits.dtype == np.float32
+    (step_logits, new), = batch_step(lm, [kv], [[6, 7]], [3])
+    assert step_logits.shape == (2, info.vocab_size)
+    assert len(new) == info.num_layers
+    assert new[0][0].shape == (1, info.num_kv_heads, 2, info.head_dim)
+    assert info.kv_bytes_per_token() == 2 * info.num_layers * info.num_kv_heads * info.head_dim * 4
+
+
+def test_kv_cache_decode_equals_full_forward(lm):
+    ids = [10, 20, 30, 40, 50, 60]
+    full, _ = _single(lm, ids)
+    _, kv = _single(lm, ids[:3])
+    for t in range(3, len(ids)):
+        (step, new), = batch_step(lm, [kv], [[ids[t]]], [t])
+        np.testing.assert_allclose(step[0], full[t], atol=TOL)
+        kv = [(np.concatenate([k, nk], 2), np.concatenate([v, nv], 2)) for (k, v), (nk, nv) in zip(kv, new)]
+
+
+def test_left_padded_batch_equals_single_sequences(lm):
+    a, b = [11, 12, 13, 14, 15, 16, 17], [21, 22, 23]
+    full_a, _ = _single(lm, a)
+    full_b, _ = _single(lm, b)
+    _, kv_a = _single(lm, a[:5])  # past 5 and 2: row b's past is left-padded by 3
+    _, kv_b = _single(lm, b[:2])
+    rows = batch_step(lm, [kv_a, kv_b], [a[5:], b[2:]], [5, 2])  # 2 vs 1 new: b right-padded
+    np.testing.assert_allclose(rows[0][0], full_a[5:], atol=TOL)
+    np.testing.assert_allclose(rows[1][0], full_b[2:], atol=TOL)
+
+
+def test_unmasked_left_padding_is_detected(lm):
+    """The comparison can fail: attending to the zero-padded past changes row b's logits."""
+    b = [21, 22, 23]
+    full_b, _ = _single(lm, b)
+    _, kv_b = _single(lm, b[:2])
+    pad = [(np.pad(k, [(0, 0), (0, 0), (3, 0), (0, 0)]), np.pad(v, [(0, 0), (0, 0), (3, 0), (0, 0)]))
+           for k, v in kv_b]
+    mask = np.ones((1, 6), dtype=np.int64)  # wrong: the 3 padded slots are marked real
+    logits, _ = lm.forward(np.array([[23]]), mask, np.array([[2]]), pad)
+    assert np.abs(logits[0, 0] - full_b[2]).max() > 100 * TOL
+
+
+def test_model_json_round_trip(tmp_path):
+    info = ModelInfo(num_layers=2, num_kv_heads=2, head_dim=16, vocab_size=768, precision="int8-dynamic")
+    info.save(tmp_path / "model.json")
+    assert ModelInfo.load(tmp_path / "model.json") == info
+
+
+def test_consolidated_external_data_runs_the_same(lm, tiny_export, tmp_path):  # noqa: F811
+    """Weights scattered over many files (as the exporter writes > 2 GB) -> one .data file."""
+    import shutil
+
+    import onnx
+
+    from export.onnx_export import consolidate_external_data
+
+    out, _ = tiny_export
+    scattered = tmp_path / "scattered"
+    scattered.mkdir()
+    model = onnx.load(str(out / "heavy" / "1" / "model.onnx"))
+    onnx.save_model(model, str(scattered / "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=False, size_threshold=0)
+    assert len(list(scattered.iterdir())) > 10
+    final = tmp_path / "final"
+    final.mkdir()
+    consolidate_external_data(scattered / "model.onnx", final / "model.onnx")
+    shutil.copy(out / "heavy" / "1" / "model.json", final / "model.json")
+    assert sorted(p.name for p in final.iterdir()) == ["model.json", "model.onnx", "model.onnx.data"]
+    expected, _ = _single(lm, [1, 2, 3])
+    got, _ = _single(OnnxCausalLM(final), [1, 2, 3])
+    np.testing.assert_allclose(got, expected, atol=1e-6)
