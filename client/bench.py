@@ -258,8 +258,12 @@ def run(args: argparse.Namespace) -> int:
     if args.url or not args.repo:
         results = execute(args, args.url, log)
     else:
+        import signal
+
         from tokenrouter_backend.server_launcher import TritonServer
 
+        # SIGTERM (kill, timeout) must unwind the with-block so the server and its stubs stop
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with TritonServer(args.repo, log_path=args.out / "tritonserver.log") as server:
             results = execute(args, server.grpc_url, log)
     report.write_all(results, args.out)
