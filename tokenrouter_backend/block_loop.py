@@ -204,31 +204,42 @@ class BlockLoop:
         self.block = policy.next_block_size(self.params, self.block, d, verdict.accepted)
 
     async def route_block(self) -> None:
-        """Light commits what it is sure of; heavy is called where it is not (BiLD)."""
+        """Light commits what it is sure of; heavy checks the rest where it is not (BiLD).
+
+        Confident drafts (top-1 prob >= confidence_threshold, entropy <= entropy_threshold)
+        are committed unchecked. If any draft is unsure, one heavy forward scores everything
+        it has not seen: the unchecked tokens (rollback to the first one it strongly
+        rejects) and the unsure drafts (verified exactly as in verify mode).
+        """
         p = self.params
         k = min(self.block, self.remaining)
+        want_dist = not self.sampling.greedy
         lres, ln = await self.light.step(
-            self.tokens, draft_len=k, min_confidence=p.confidence_threshold,
-            max_entropy=p.entropy_threshold, sampling=self.sampling,
+            self.tokens, draft_len=k, min_confidence=p.draft_confidence_threshold,
+            sampling=self.sampling, return_dist=want_dist,
         )
         self.light.record_forward(lres)
         drafts = lres.tokens[ln - 1 :]
         confident = policy.confident_prefix(lres.token_probs[ln - 1 :], lres.entropy[ln - 1 :], p)
         self.stats.drafts_proposed += len(drafts)
         kept = self.commit(drafts[:confident], LIGHT)
-        self.block = policy.next_block_size(p, self.block, len(drafts), confident)
-        fallback = not self.done and confident < len(drafts)
+        unsure = drafts[confident:] if not self.done else drafts[:0]
         if self.hooks is not None:
-            self._note = dict(action=ACTION_FALLBACK if fallback else ACTION_ACCEPT, drafted=drafts,
+            self._note = dict(action=ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
                               confidence=lres.token_probs[ln - 1 :], entropy=lres.entropy[ln - 1 :], committed_light=kept)
-        if fallback:
-            await self.heavy_fallback()
+        accepted = confident
+        if len(unsure):
+            q = lres.dist[-len(unsure) :] if want_dist else None
+            accepted += await self.heavy_check(unsure, q)
+        self.block = policy.next_block_size(p, self.block, len(drafts), accepted)
 
-    async def heavy_fallback(self) -> None:
-        """Heavy scores every token it has not seen; rollback or supply the next token."""
-        hres, n = await self.heavy.step(self.tokens, sampling=self.sampling)
+    async def heavy_check(self, unsure, q) -> int:
+        """One heavy forward over unchecked tokens + unsure drafts; returns drafts accepted."""
+        want_dist = q is not None
+        hres, n = await self.heavy.step(self.tokens, extra=unsure, sampling=self.sampling, return_dist=want_dist)
         self.heavy.record_forward(hres)
-        first_input = len(self.tokens) - n
+        m = len(unsure)
+        first_input = len(self.tokens) - (n - m)
         if self.hooks is not None:
             self._note_route_verdicts(hres, first_input)
         # result index i is heavy's verdict on the token at position first_input + 1 + i
@@ -237,30 +248,38 @@ class BlockLoop:
         reject = first_strong_rejection(
             np.asarray(self.tokens[start:]), hres.tokens[lo:hi], hres.input_probs[lo:hi], self.params.rollback_threshold
         )
-        if reject is None:
-            self.commit([hres.tokens[-1]], HEAVY)
-        else:
+        accepted = 0
+        if reject is not None:
             position = start + reject
             self.stats.rollbacks += 1
             self.stats.rolled_back_tokens += len(self.tokens) - position
             self._truncate(position)
             self.commit([hres.tokens[lo + reject]], HEAVY)
+        else:
+            if want_dist:
+                verdict = accept_speculative(unsure, q, hres.dist[-(m + 1) :], self.sampling.seed, len(self.tokens))
+            else:
+                verdict = accept_greedy(unsure, hres.tokens[-(m + 1) :])
+            self.stats.verify_blocks += 1
+            accepted = verdict.accepted
+            self.commit(unsure[:accepted], LIGHT)
+            self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
+        return accepted
 
     def _note_route_verdicts(self, hres: BranchResult, first_input: int) -> None:
-        """Heavy's verdict on this block's committed drafts and on the unsure draft after them."""
+        """Heavy's verdict on every token drafted in this block (all were sent to heavy)."""
         note, end = self._note, len(self.tokens)
         drafted, kept = note.get("drafted", ()), note.get("committed_light", 0)
         agree, probs = [], []
-        for i in range(min(kept + 1, len(drafted))):
+        for i in range(len(drafted)):
             q = end - kept + i  # sequence position of drafted[i]
             j = q - first_input - 1  # heavy result index of its choice at q
             if j < 0:
                 agree, probs = [], []  # heavy did not score this one: keep only a full suffix
                 continue
             agree.append(int(hres.tokens[j]) == int(drafted[i]))
-            known = i < kept  # committed drafts were sent to heavy, the unsure one was not
-            probs.append(float(hres.input_probs[j]) if known else (float(hres.token_probs[j]) if agree[-1] else float("nan")))
+            probs.append(float(hres.input_probs[j]))
         note["heavy_agree"], note["heavy_prob"] = agree, probs
 
     # ---- driver -----------------------------------------------------------------------

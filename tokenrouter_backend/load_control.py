@@ -45,7 +45,7 @@ class LoadConfig:
     resume_acceptance: float = 0.45  # ... resume at or above this
     min_observations: float = 20.0  # verdicts needed before acceptance acts
     probe_every: int = 8  # while suspended, every Nth block (all requests) drafts anyway
-    confidence_relief: float = 0.2  # route under saturation: threshold lowered by this
+    confidence_relief: float = 0.3  # route under saturation: threshold lowered by this
     confidence_floor: float = 0.5  # ... but never below this
 
 

@@ -4,9 +4,11 @@ In ``verify`` mode every light draft up to and including the first rejection has
 verdict at the same prefix (the heavy model's own choice there, and the probability it
 gave the light token). Replaying route's rule on those tokens, for a threshold t:
 
-  light      : confidence >= t and entropy <= entropy_threshold (committed unchecked)
-  rolled back: light, not heavy's choice, heavy prob < rollback_threshold (heavy replaces it)
-  predicted light share = light and not rolled back, over all tokens with a verdict
+  confident  : confidence >= t and entropy <= entropy_threshold (committed unchecked)
+  rolled back: confident, not heavy's choice, heavy prob < rollback_threshold (heavy replaces it)
+  unsure     : the rest; heavy verifies them, so they stay light exactly when heavy agrees
+  predicted light share = (confident and not rolled back) or (unsure and heavy agrees),
+                          over all tokens with a verdict
   predicted agreement   = 1 - (light, not heavy's choice, not rolled back) over the same
 
 Agreement means "the token is the heavy model's greedy choice given the text before it".
@@ -71,12 +73,12 @@ def predict(v: Verdicts, threshold: float, entropy_threshold: float = math.inf,
     n = len(v)
     if n == 0:
         return Prediction(threshold, 0.0, 1.0, 0.0, 0)
-    light = (v.confidence >= threshold) & (v.entropy <= entropy_threshold)
-    wrong = light & ~v.agree
+    confident = (v.confidence >= threshold) & (v.entropy <= entropy_threshold)
+    wrong = confident & ~v.agree
     rolled = wrong & (np.nan_to_num(v.heavy_prob, nan=1.0) < rollback_threshold)
     kept_wrong = wrong & ~rolled
-    return Prediction(threshold, float((light & ~rolled).mean()), float(1.0 - kept_wrong.mean()),
-                      float(rolled.mean()), n)
+    light = (confident & ~rolled) | (~confident & v.agree)
+    return Prediction(threshold, float(light.mean()), float(1.0 - kept_wrong.mean()), float(rolled.mean()), n)
 
 
 def table(v: Verdicts, grid: Sequence[float], entropy_threshold: float, rollback_threshold: float) -> str:
