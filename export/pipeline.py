@@ -5,6 +5,10 @@ Branch ONNX files are built in a work directory (default ``.<OUT name>.build`` b
 branch (hash of the source's files + the options that shape that branch); a branch whose
 stamp matches is reused, so a second run does no work. The demo export keeps its work
 directory in the data cache and later repositories hard-link from it.
+
+``--runtime torch`` skips ONNX: each branch directory gets the weights as an HF folder
+(``hf/``: config.json + safetensors, FP16 with ``--device cuda``) and a model.json, served by
+``tokenrouter_backend.torch_lm`` (light too runs FP16/FP32 there, not INT8).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from .validate import ValidationError, prompt_ids, reference_logits, validate_on
 EXPORTER_VERSION = 1  # bump when the ONNX produced for the same inputs changes
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository"
 DEVICES = ("cpu", "cuda")
+RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF folders for torch_lm
+HF_DIR = "hf"  # the HF folder inside a torch-runtime branch directory
 LIGHT_QUANT_CHOICES = (quantize.AUTO, *quantize.QUANT_MODES, "none")
 BENCH_PAST = 128  # past length of the decode-step timings that pick the light quantization
 STAMP = "stamp.json"
@@ -46,6 +52,7 @@ class ExportOptions:
     """Options of one export; defaults are the CLI defaults."""
 
     device: str = "cpu"  # cpu: heavy FP32; cuda: heavy FP16 (KV float16)
+    runtime: str = "onnx"  # onnx | torch (see the module docstring)
     light_quant: str = quantize.AUTO  # see export.quantize; "none" keeps the light FP32
     threads: int = 0  # ONNX Runtime intra-op threads per branch (0 = ORT default)
     skip_validation: bool = False
@@ -56,6 +63,8 @@ class ExportOptions:
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {DEVICES}; got {self.device!r}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"--runtime must be one of {RUNTIMES}; got {self.runtime!r}")
         if self.light_quant not in LIGHT_QUANT_CHOICES:
             raise ValueError(f"--light-quant must be one of {LIGHT_QUANT_CHOICES}; got {self.light_quant!r}")
 
@@ -83,12 +92,14 @@ def _stamp_key(source: Source, role: str, options: ExportOptions) -> str:
                "validate": not options.skip_validation}
     if role == "light":
         shaping["quant"] = options.light_quant
+    if options.runtime != "onnx":  # onnx stamps stay as they were before runtimes existed
+        shaping["runtime"] = options.runtime
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _reuse(branch_dir: Path, key: str) -> BranchBuild | None:
     stamp = branch_dir / STAMP
-    if not stamp.is_file() or not onnx_files(branch_dir):
+    if not stamp.is_file() or not (onnx_files(branch_dir) or (branch_dir / HF_DIR / "config.json").is_file()):
         return None
     data = json.loads(stamp.read_text())
     if data.get("key") != key:
@@ -125,8 +136,58 @@ def _export_fp(source, tokenizer, out_dir: Path, half: bool, build: BranchBuild)
     return prompts, refs
 
 
+def save_hf(model, out_dir: Path) -> None:
+    """config.json + safetensors; GGUF-loaded models refuse save_pretrained: state_dict instead."""
+    try:
+        model.save_pretrained(out_dir)
+    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError for GGUF-loaded models
+        from safetensors.torch import save_file
+
+        print(f"save_pretrained refused ({exc}); writing the state_dict", file=sys.stderr)
+        model.config.save_pretrained(out_dir)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def export_torch_branch(source: Source, tokenizer, work: Path, role: str, options: ExportOptions) -> BranchBuild:
+    """Torch runtime: the weights as an HF folder + model.json, validated by a prefill."""
+    import torch
+
+    from .validate import validate_torch
+
+    out_dir = work / role
+    key = _stamp_key(source, role, options)
+    reused = _reuse(out_dir, key)
+    if reused:
+        return reused
+    half = options.device == "cuda"
+    dtype = "float16" if half else "float32"
+    build = BranchBuild(role, str(out_dir), str(source.path), "fp16" if half else "fp32")
+    build.notes.append(f"torch runtime: {dtype} on {options.device}" + ("; no INT8 on torch" if role == "light" else ""))
+    t0 = time.perf_counter()
+    model = load_model(source)
+    build.load_s = round(time.perf_counter() - t0, 2)
+    prompts = list(prompt_ids(tokenizer))
+    refs = reference_logits(model, prompts)
+    info = model_info(model, precision=build.precision, kv_dtype=dtype, source=str(source.path))
+    t0 = time.perf_counter()
+    _fresh(out_dir)
+    save_hf(model.to(torch.float16) if half else model, out_dir / HF_DIR)
+    write_info(info, out_dir)
+    build.export_s = round(time.perf_counter() - t0, 2)
+    del model
+    gc.collect()
+    if not options.skip_validation:
+        build.validation = validate_torch(out_dir, refs, prompts, build.precision, options.device).to_dict()
+    build.onnx_bytes = sum(f.stat().st_size for f in (out_dir / HF_DIR).iterdir())
+    _save_stamp(out_dir, key, build)
+    return build
+
+
 def export_heavy(source: Source, tokenizer, work: Path, options: ExportOptions) -> BranchBuild:
     """Heavy branch: FP32 (cpu) or FP16 (cuda), validated."""
+    if options.runtime == "torch":
+        return export_torch_branch(source, tokenizer, work, "heavy", options)
     out_dir = work / "heavy"
     key = _stamp_key(source, "heavy", options)
     reused = _reuse(out_dir, key)
@@ -159,6 +220,8 @@ def measure_candidate(model_dir: Path, refs, prompts, options: ExportOptions) ->
 
 def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) -> BranchBuild:
     """Light branch: FP32 export, then INT8 per ``options.light_quant`` (auto: measured pick)."""
+    if options.runtime == "torch":
+        return export_torch_branch(source, tokenizer, work, "light", options)
     out_dir = work / "light"
     key = _stamp_key(source, "light", options)
     reused = _reuse(out_dir, key)
@@ -222,6 +285,7 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
     max_ctx = options.max_context or min(h_info.max_position_embeddings, l_info.max_position_embeddings)
     return {
         "heavy_device": options.device, "light_device": options.device,
+        "heavy_runtime": options.runtime, "light_runtime": options.runtime,
         "heavy_threads": options.threads, "light_threads": options.threads,
         "max_context": max_ctx, "end_id": tokenizer.eos_token_id, "vocab_size": h_info.vocab_size,
         "heavy_precision": heavy.precision, "light_precision": light.precision,
@@ -264,6 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="model repository to write")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu: heavy FP32 (no fast FP16 CPU kernels in ONNX Runtime); cuda: heavy FP16")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="onnx",
+                        help="onnx: ONNX branches (default); torch: HF folders run by torch (KV on the GPU)")
     parser.add_argument("--light-quant", choices=LIGHT_QUANT_CHOICES, default=quantize.AUTO,
                         help="light INT8 mode; auto = fastest at equal top-1 agreement (default)")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per branch (0 = default)")
@@ -278,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry of ``tokenrouter export``; returns the exit status."""
     try:
         options = ExportOptions(
-            device=args.device, light_quant=args.light_quant, threads=args.threads,
+            device=args.device, runtime=args.runtime, light_quant=args.light_quant, threads=args.threads,
             skip_validation=args.skip_validation, max_context=args.max_context,
             template=None if args.onnx_only else args.template, work_dir=args.work_dir,
         )
@@ -289,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     for role in ("heavy", "light"):
         b = report[role]
         state = "up to date" if b["skipped"] else f"exported in {b['export_s']} s"
-        print(f"{role}: {b['precision']}, {b['onnx_bytes'] / 1e6:.1f} MB, {state}")
+        print(f"{role}: {b['precision']} ({options.runtime}), {b['onnx_bytes'] / 1e6:.1f} MB, {state}")
     print(f"wrote {args.out}")
     return 0
 

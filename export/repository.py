@@ -22,6 +22,7 @@ CONFIG_FILE = "config.pbtxt"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TOKENIZER_DIRS = ("preprocessing/1/tokenizer", "postprocessing/1/tokenizer")
 BRANCH_DIRS = {"heavy": "heavy/1", "light": "light/1"}
+HF_DIR = "hf"  # torch runtime: HF folder inside a branch directory
 EXPORT_REPORT = "export.json"
 REQUIRED_PLACEHOLDERS = (
     "heavy_device", "light_device", "heavy_threads", "light_threads", "max_context",
@@ -81,6 +82,11 @@ def place_branch(branch_dir: Path, out: Path, role: str) -> None:
         (dst / DATA_FILE).unlink(missing_ok=True)  # left from an earlier, larger export
     for f in files:
         link_or_copy(f, dst / f.name)
+    hf = Path(branch_dir) / HF_DIR
+    if hf.is_dir():  # torch runtime: the HF folder (its files hard-linked like the ONNX ones)
+        (dst / HF_DIR).mkdir(exist_ok=True)
+        for f in hf.iterdir():
+            link_or_copy(f, dst / HF_DIR / f.name)
 
 
 def place_tokenizer(tokenizer_dir: Path, out: Path) -> None:

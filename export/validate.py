@@ -170,3 +170,31 @@ def validate_onnx(model_dir, refs, prompts, precision: str, device: str = "cpu",
     if check and not report.passed:
         raise ValidationError(f"validation of {model_dir} ({precision}) failed: {report.to_dict()}")
     return report
+
+
+def validate_torch(model_dir, refs, prompts, precision: str, device: str = "cpu",
+                   check: bool = True) -> ValidationReport:
+    """Torch runtime: each prompt's prefill logits from the saved HF folder vs the references.
+
+    Catches weights saved or loaded wrongly; padding and KV handling are transformers' own.
+    """
+    from tokenrouter_backend.torch_lm import TorchCausalLM
+
+    lm = TorchCausalLM(model_dir, device=device, dtype="float16" if precision == "fp16" else "float32")
+    diffs, agree, positions = [], 0, 0
+    for ids, ref in zip(prompts, refs):
+        n = len(ids)
+        logits, _ = lm.forward(np.array([ids]), np.ones((1, n), np.int64), np.arange(n)[None], lm.empty_past(1))
+        diffs.append(float(np.abs(logits[0] - ref).max()))
+        agree += int((logits[0].argmax(-1) == ref.argmax(-1)).sum())
+        positions += n
+    scale = float(max(np.abs(r).max() for r in refs))
+    tol = (FP16_REL_TOL if precision == "fp16" else FP32_REL_TOL) * max(scale, 1.0)
+    per_check = {"prefill": {"max_abs_diff": max(diffs), "top1_agreement": agree / positions, "positions": positions}}
+    report = ValidationReport(precision=precision, max_abs_diff=max(diffs), logit_scale=scale, tolerance=tol,
+                              top1_agreement=agree / positions, positions=positions, min_agreement=None,
+                              per_check=per_check)
+    report.passed = report.max_abs_diff <= tol
+    if check and not report.passed:
+        raise ValidationError(f"validation of {model_dir} ({precision}, torch) failed: {report.to_dict()}")
+    return report

@@ -138,3 +138,31 @@ def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path)
     assert all(r.error is None for r in release)
     assert fam["tokenrouter_kv_bytes"].metrics[0].value == 0
     assert np.all(fam["tokenrouter_kv_sessions"].metrics[0].value == 0)
+
+
+def test_parse_params_runtime(glue):
+    assert glue.parse_params({}, "heavy").runtime == "onnx"  # documented default
+    p = glue.parse_params({"runtime": "torch", "device": "cuda", "dtype": "float16", "hf_dir": "w"}, "heavy")
+    assert (p.runtime, p.device, p.dtype, p.hf_dir) == ("torch", "cuda", "float16", "w")
+    bad = [({"runtime": "tensorflow"}, r"'runtime' must be one of onnx, torch, got 'tensorflow'"),
+           ({"runtime": "torch", "device": "tensorrt"}, r"'device' must be one of cpu, cuda, got 'tensorrt'"),
+           ({"dtype": "int8"}, r"'dtype' must be one of auto, float16, float32, bfloat16, got 'int8'")]
+    for raw, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            glue.parse_params(raw, "heavy")
+
+
+def test_execute_on_the_torch_runtime(glue, tmp_path, tiny_repository):  # builds the tiny pair
+    from tokenrouter_backend import paths
+
+    version = tmp_path / "heavy" / "1"
+    shutil.copytree(paths.tiny_dir() / "heavy", version / "hf")
+    config = json.dumps({"name": "heavy", "parameters": {
+        "runtime": {"string_value": "torch"}, "device": {"string_value": "cpu"}}})
+    model = glue.TritonPythonModel()
+    model.initialize({"model_name": "heavy", "model_config": config,
+                      "model_repository": str(tmp_path / "heavy"), "model_version": "1"})
+    assert type(model.engine.model).__name__ == "TorchCausalLM"
+    out = model.execute([request(BranchOp(1, 0, (3, 4, 5), draft_len=3))])
+    res = result_from_arrays(lambda n: out[0].tensors.get(n))
+    assert out[0].error is None and len(res.tokens) == 5 and res.session_len == 5

@@ -5,7 +5,8 @@ truncation, then ONE batched forward over all ops' new tokens (past left-padded,
 right-padded, per-row position ids), then batched one-token forwards for the ops still
 drafting. One op's failure (bad keep_len, missing session, too long) fails only that op.
 Framework-free: the model is anything with ``info`` (``ModelInfo``) and ``forward`` like
-``OnnxCausalLM``.
+``OnnxCausalLM`` (or ``torch_lm.TorchCausalLM``); a model with ``kv_arrays`` keeps the
+store's KV buffers in that array kind (torch tensors on its device), else numpy.
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ class BranchEngine:
         self.name = name
         self.max_len = model.info.max_position_embeddings
         self.store = store or KVStore(KVShape.from_info(model.info), config.session_ttl_s,
-                                      config.budget_bytes, name=name)
+                                      config.budget_bytes, name=name,
+                                      arrays=getattr(model, "kv_arrays", None))
         self.last_batch_sizes: list[int] = []  # batch size of each forward of the last run()
         self.last_forward_ms: list[float] = []  # and its duration
         self._pinned: set[int] = set()

@@ -5,6 +5,11 @@ grows by doubling (amortized O(1) append); truncation only sets the length (roll
 ``gather`` builds a left-padded batch ``[layers, 2, B, kv_heads, P, head_dim]`` with one
 strided copy per session, whose per-layer slices are the contiguous ``[B, kv_heads, P,
 head_dim]`` past tensors the ONNX model takes. Framework-free (no Triton import).
+
+Buffers are numpy arrays by default. A model that keeps its KV on an accelerator (the torch
+runtime, ``torch_lm``) gives the store a ``KVArrays`` of torch tensors on its device at
+construction: sessions, growth and ``gather`` then stay on that device (no host round trip
+per step) and a one-session ``gather`` hands out views of the session buffer, no copy.
 """
 from __future__ import annotations
 
@@ -18,6 +23,25 @@ import numpy as np
 from .branch_protocol import BranchError, SessionMissing
 
 MIN_CAPACITY = 64  # tokens allocated for a new session; doubled as it grows
+
+
+@dataclass(frozen=True)
+class KVArrays:
+    """Where KV buffers live: ``empty(shape)`` allocates one (numpy by default).
+
+    views_ok: the model accepts strided views of a session buffer as past (torch does;
+    ONNX Runtime wants contiguous host arrays, so numpy always gathers into a new batch).
+    """
+
+    empty: Callable[[tuple], object]
+    views_ok: bool = False
+    name: str = "numpy"
+
+
+def numpy_arrays(dtype) -> KVArrays:
+    """Host buffers of ``dtype`` (the default of ``KVStore``)."""
+    dtype = np.dtype(dtype)
+    return KVArrays(lambda shape: np.empty(shape, dtype=dtype))
 
 
 @dataclass(frozen=True)
@@ -63,8 +87,10 @@ class KVStore:
     """All sessions of one branch model instance (not thread-safe: one engine drives it)."""
 
     def __init__(self, shape: KVShape, ttl_s: float = 600.0, budget_bytes: int = 2 << 30,
-                 name: str = "branch", clock: Callable[[], float] = time.monotonic):
+                 name: str = "branch", clock: Callable[[], float] = time.monotonic,
+                 arrays: KVArrays | None = None):
         self.shape = shape
+        self.arrays = arrays or numpy_arrays(shape.dtype)
         self.ttl_s = ttl_s
         self.budget_bytes = budget_bytes
         self.name = name
@@ -149,8 +175,8 @@ class KVStore:
 
     def _create(self, session_id: int) -> Session:
         sh = self.shape
-        buf = np.empty((sh.num_layers, 2, sh.num_kv_heads, min(MIN_CAPACITY, sh.max_len),
-                        sh.head_dim), dtype=sh.dtype)
+        buf = self.arrays.empty((sh.num_layers, 2, sh.num_kv_heads, min(MIN_CAPACITY, sh.max_len),
+                                 sh.head_dim))
         s = Session(session_id, buf, self.clock())
         self._sessions[session_id] = s
         self._bytes += s.nbytes
@@ -164,13 +190,16 @@ class KVStore:
         while cap < tokens:
             cap *= 2
         cap = max(min(cap, self.shape.max_len), tokens)
-        new = np.empty(s.buf.shape[:3] + (cap,) + s.buf.shape[4:], dtype=s.buf.dtype)
+        new = self.arrays.empty(tuple(s.buf.shape[:3]) + (cap,) + tuple(s.buf.shape[4:]))
         new[:, :, :, : s.length] = s.buf[:, :, :, : s.length]
         self._bytes += new.nbytes - s.nbytes
         s.buf = new
 
     def append(self, s: Session, new_kv: list[tuple[np.ndarray, np.ndarray]], row: int, count: int) -> None:
-        """Append ``count`` tokens of batch row ``row`` of per-layer (key, value) [B, H, S, D]."""
+        """Append ``count`` tokens of batch row ``row`` of per-layer (key, value) [B, H, S, D].
+
+        new_kv is of the store's array kind (numpy, or torch on the store's device).
+        """
         end = s.length + count
         self.reserve(s, end)
         for layer, (k, v) in enumerate(new_kv):
@@ -181,9 +210,12 @@ class KVStore:
     def gather(self, sessions: list[Session]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Left-padded past for a batch: per layer (key, value) [B, H, P, D], P = longest length."""
         sh = self.shape
+        if len(sessions) == 1 and self.arrays.views_ok:  # no padding: views, no copy
+            s = sessions[0]
+            return [(s.buf[layer, 0, None, :, : s.length], s.buf[layer, 1, None, :, : s.length])
+                    for layer in range(sh.num_layers)]
         past_len = max(s.length for s in sessions)
-        batch = np.empty((sh.num_layers, 2, len(sessions), sh.num_kv_heads, past_len, sh.head_dim),
-                         dtype=sh.dtype)
+        batch = self.arrays.empty((sh.num_layers, 2, len(sessions), sh.num_kv_heads, past_len, sh.head_dim))
         for b, s in enumerate(sessions):
             pad = past_len - s.length
             if pad:

@@ -1,8 +1,8 @@
 """Triton glue of the branch models ``heavy`` and ``light`` (Python backend, non-decoupled).
 
 ``model_repository/{heavy,light}/1/model.py`` is one line importing ``TritonPythonModel``.
-``initialize`` parses config.pbtxt ``parameters`` once (``parse_params``) and loads the ONNX
-model; ``execute`` turns every request Triton batched into a ``BranchOp``, runs the engine
+``initialize`` parses config.pbtxt ``parameters`` once (``parse_params``) and loads the model
+(``runtime`` onnx: ``OnnxCausalLM``; torch: ``TorchCausalLM``, KV kept on its device); ``execute`` turns every request Triton batched into a ``BranchOp``, runs the engine
 ONCE for all of them and answers each request with its result or its own error. Sessions
 live in this instance: keep ``instance_group { count: 1 }``.
 """
@@ -19,6 +19,9 @@ from .branch_engine import BranchEngine, EngineConfig
 from .branch_protocol import SessionMissing, op_from_arrays, result_to_arrays
 
 DEVICES = ("cpu", "cuda", "tensorrt")
+RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime; torch: transformers on torch
+TORCH_DEVICES = ("cpu", "cuda")
+DTYPES = ("auto", "float16", "float32", "bfloat16")  # torch runtime; auto: FP16 on cuda, FP32 on cpu
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32]
 FORWARD_MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
 
@@ -28,15 +31,18 @@ class BranchParams:
     """config.pbtxt parameters of a branch model (defaults apply to absent keys)."""
 
     onnx_dir: str = "."  # relative to the version directory: where model.onnx/model.json live
-    device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider)
+    device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider; torch: cpu | cuda)
     intra_op_threads: int = 0  # ONNX Runtime threads; 0 = its default (all cores)
+    runtime: str = "onnx"  # onnx | torch
+    hf_dir: str = "hf"  # torch runtime: HF folder (config.json + safetensors), relative to the version dir
+    dtype: str = "auto"  # torch runtime: auto | float16 | float32 | bfloat16
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """The one parser of branch parameters; raises ValueError naming the key and value."""
     known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
-             "kv_cache_budget_mb", "max_batch"}
+             "kv_cache_budget_mb", "max_batch", "runtime", "hf_dir", "dtype"}
     for key, value in raw.items():
         if key not in known:
             raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
@@ -55,9 +61,15 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
             raise ValueError(f"{branch}: parameter '{key}' must be >= {low}, got {raw[key]!r}")
         return value
 
-    device = raw.get("device", "cpu")
-    if device not in DEVICES:
-        raise ValueError(f"{branch}: parameter 'device' must be one of {', '.join(DEVICES)}, got {device!r}")
+    def choice(key, default, allowed):
+        value = raw.get(key, default)
+        if value not in allowed:
+            raise ValueError(f"{branch}: parameter '{key}' must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    runtime = choice("runtime", "onnx", RUNTIMES)
+    device = choice("device", "cpu", TORCH_DEVICES if runtime == "torch" else DEVICES)
+    dtype = choice("dtype", "auto", DTYPES)
     d = EngineConfig()
     engine = EngineConfig(
         max_draft_len=num("max_draft_len", int, d.max_draft_len, 0),
@@ -66,7 +78,21 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         max_batch=num("max_batch", int, d.max_batch, 1),
     )
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
-                        intra_op_threads=num("intra_op_threads", int, 0, 0), engine=engine)
+                        intra_op_threads=num("intra_op_threads", int, 0, 0), runtime=runtime,
+                        hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
+
+
+def load_model(params: BranchParams, version_dir: Path):
+    """The branch's causal LM for its runtime; returns (model, the directory it came from)."""
+    if params.runtime == "torch":
+        from .torch_lm import TorchCausalLM  # torch is heavy: import when a model loads
+
+        model_dir = (version_dir / params.hf_dir).resolve()
+        return TorchCausalLM(model_dir, device=params.device, dtype=params.dtype), model_dir
+    from .onnx_lm import OnnxCausalLM  # onnxruntime is heavy: import when a model loads
+
+    model_dir = (version_dir / params.onnx_dir).resolve()
+    return OnnxCausalLM(model_dir, device=params.device, intra_op_threads=params.intra_op_threads), model_dir
 
 
 def _family(name: str, description: str, kind):
@@ -135,16 +161,12 @@ class TritonPythonModel:
     """A branch model: one BranchEngine (ONNX model + KV sessions) per instance."""
 
     def initialize(self, args: dict) -> None:
-        from .onnx_lm import OnnxCausalLM  # onnxruntime is heavy: import when a model loads
-
         self.name = args["model_name"]
         config = json.loads(args["model_config"])
         raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.params = parse_params(raw, self.name)
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        onnx_dir = (version_dir / self.params.onnx_dir).resolve()
-        model = OnnxCausalLM(onnx_dir, device=self.params.device,
-                             intra_op_threads=self.params.intra_op_threads)
+        model, model_dir = load_model(self.params, version_dir)
         self.engine = BranchEngine(model, config=self.params.engine, name=self.name)
         try:
             self.metrics = BranchMetrics(self.name)
@@ -153,7 +175,7 @@ class TritonPythonModel:
             self.metrics = None
         info = model.info
         pb_utils.Logger.log_info(
-            f"{self.name}: loaded {onnx_dir} ({info.precision}, {info.num_layers} layers, vocab "
+            f"{self.name}: loaded {model_dir} ({self.params.runtime}, {info.precision}, {info.num_layers} layers, vocab "
             f"{info.vocab_size}, {info.max_position_embeddings} positions) on {self.params.device}; {self.params.engine}")
 
     def execute(self, requests: list) -> list:

@@ -63,9 +63,9 @@ class RouterModel:
         self.pb = pb_utils
         self.defaults = RouterDefaults.from_config(config_parameters(args))
         self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
+        self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
         self.light = BlsBranch("light", self.defaults.light_model, pb_utils)
         self.heavy = self._heavy_branch()
-        self.logger = pb_utils.Logger
         self.inflight: set[asyncio.Task] = set()
 
     def _heavy_branch(self):
