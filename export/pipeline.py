@@ -91,7 +91,7 @@ def _stamp_key(source: Source, role: str, options: ExportOptions) -> str:
     shaping = {"v": EXPORTER_VERSION, "role": role, "src": fingerprint(source), "device": options.device,
                "validate": not options.skip_validation}
     if role == "light":
-        shaping["quant"] = options.light_quant
+        shaping["quant"] = [options.light_quant, quantize.AUTO_AGREEMENT_SLACK, quantize.NBITS_BLOCK_SIZE]
     if options.runtime != "onnx":  # onnx stamps stay as they were before runtimes existed
         shaping["runtime"] = options.runtime
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]

@@ -6,6 +6,11 @@ Modes (``--light-quant``):
   matmulnbits8         8-bit blockwise weights in MatMulNBits (accuracy_level 4: int8 compute)
   auto (default)       build all three, keep the fastest decode step among those whose top-1
                        agreement with FP32 is within AUTO_AGREEMENT_SLACK of the best one
+
+Why a 5-point slack: the light model only drafts; each draft token is verified or gated by
+confidence, so a 2x faster step outweighs a few points of top-1 agreement. Measured on the
+demo 0.5B (152 positions, past 128, 2 threads): dynamic 88.2% 43.6/95.7 ms (b1/b8),
+per-channel 95.4% 43.7/93.2 ms, MatMulNBits-8 100% 98.9/168.2 ms.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ PRECISION_NAMES = {
 }
 NBITS_BLOCK_SIZE = 32  # weights per scale in MatMulNBits
 NBITS_ACCURACY_LEVEL = 4  # 4 = activations quantized to int8 inside the kernel (fastest on CPU)
-AUTO_AGREEMENT_SLACK = 0.02  # "equal agreement": within 2 points of the best mode
+AUTO_AGREEMENT_SLACK = 0.05  # "equal agreement": within 5 points of the best mode (see below)
 
 
 def _has_data(src_dir: Path) -> bool:
