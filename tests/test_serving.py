@@ -230,3 +230,12 @@ def test_sampling_is_reproducible_with_seed(server):
     a = generate_http(host, PROMPTS[4], max_tokens=16, temperature=0.8, top_p=0.9, random_seed=7, router_mode="verify")
     b = generate_http(host, PROMPTS[4], max_tokens=16, temperature=0.8, top_p=0.9, random_seed=7, router_mode="verify")
     assert a.text == b.text and a.stats["generated_tokens"] == 16
+
+
+def test_tensorrt_llm_client_fields_are_accepted(server):
+    # what genai-perf (--backend tensorrtllm) sends besides the basics
+    body = {"text_input": "def f():", "max_tokens": 6, "stream": False, "exclude_input_in_output": True}
+    r = requests.post(f"{server.http_url}/v2/models/tokenrouter/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["routing_stats"])["generated_tokens"] == 6
+    assert not r.json()["text_output"].startswith("def f():")
