@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs TokenRouter with everything it needs (idempotent, non-interactive).
-# Debian packages: libb64-0d (perf_analyzer only; a warning if it cannot be installed).
+# Debian packages: libb64-0d (perf_analyzer) and docker-compose (the tests validate the
+# compose file with its CLI; no Docker engine is needed); a warning if they cannot be installed.
 # Python: the project with its pinned deps and the dev extra (pytest), editable.
 # Env: PYTHON (interpreter for the venv, default python3; 3.10-3.13: the Triton wheel ships
 # Python-backend stubs for those versions).
@@ -10,13 +11,17 @@ PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.tokenrouter-installed   # what was installed: pyproject.toml + top-level packages
 
+DEBIAN_PACKAGES="libb64-0d docker-compose"
+
 install_debian_packages() {
-  dpkg -s libb64-0d >/dev/null 2>&1 && return 0
+  local missing=""
+  for pkg in $DEBIAN_PACKAGES; do dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"; done
+  [ -z "$missing" ] && return 0
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
   if ! { $sudo apt-get update -qq >/dev/null &&
-         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq libb64-0d >/dev/null; }; then
-    echo "setup: warning: could not install libb64-0d; perf_analyzer will not run" >&2
+         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null; }; then
+    echo "setup: warning: could not install$missing (perf_analyzer / compose validation need them)" >&2
   fi
 }
 
