@@ -90,7 +90,14 @@ def test_metrics_add_up_and_switch(repository, start_triton, tmp_path):
     time.sleep(0.2)
     forced = triton_client.generate_http(url, PROMPTS[0], max_tokens=16)
     assert forced.stats["mode"] == "heavy" and forced.stats["light_tokens"] == 0
-    assert total(scrape(server.metrics_url), "tokenrouter_router_override_active", mode="heavy") == 1
+    # metric writes go through the recorder thread (never on the request path): poll briefly
+    deadline, active = time.time() + 10, 0.0
+    while time.time() < deadline:
+        active = total(scrape(server.metrics_url), "tokenrouter_router_override_active", mode="heavy")
+        if active == 1:
+            break
+        time.sleep(0.2)
+    assert active == 1
     override.write_text("{}")
     time.sleep(0.2)
     assert triton_client.generate_http(url, PROMPTS[0], max_tokens=16).stats["mode"] == "route"
