@@ -29,7 +29,7 @@ engine speaks it with these dataclasses. Only adapters touch tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -203,23 +203,3 @@ def result_from_arrays(get) -> BranchResult:
         forward_ms=float(get(TENSOR_OUTPUTS["forward_ms"]).reshape(-1)[0]),
         batch_size=int(get(TENSOR_OUTPUTS["batch_size"]).reshape(-1)[0]),
     )
-
-
-@dataclass
-class ResultArrays:
-    """Helper for fakes: build a BranchResult from python lists."""
-
-    tokens: list[int] = field(default_factory=list)
-    token_probs: list[float] = field(default_factory=list)
-    entropy: list[float] = field(default_factory=list)
-    input_probs: list[float] = field(default_factory=list)
-    session_len: int = 0
-
-    def build(self) -> BranchResult:
-        return BranchResult(
-            tokens=np.asarray(self.tokens, dtype=np.int32),
-            token_probs=np.asarray(self.token_probs, dtype=np.float32),
-            entropy=np.asarray(self.entropy, dtype=np.float32),
-            input_probs=np.asarray(self.input_probs, dtype=np.float32),
-            session_len=self.session_len,
-        )
