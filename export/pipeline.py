@@ -27,7 +27,8 @@ from tokenrouter_backend.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
 from . import quantize
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
 from .repository import fill_repository
-from .sources import Source, fingerprint, load_model, load_tokenizer, resolve_source, tokenizer_differences
+from .sources import (Source, document_end_ids, fingerprint, load_model, load_tokenizer, resolve_source,
+                      tokenizer_differences)
 from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
 
 EXPORTER_VERSION = 1  # bump when the ONNX produced for the same inputs changes
@@ -278,7 +279,7 @@ def save_tokenizer(tokenizer, work: Path) -> Path:
 
 
 def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: Path,
-                       options: ExportOptions) -> dict:
+                       options: ExportOptions, stop_ids: list[int] = ()) -> dict:
     """The ``${name}`` values of the repository templates."""
     h_info = ModelInfo.load(work / "heavy" / INFO_FILE)
     l_info = ModelInfo.load(work / "light" / INFO_FILE)
@@ -288,6 +289,7 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
         "heavy_runtime": options.runtime, "light_runtime": options.runtime,
         "heavy_threads": options.threads, "light_threads": options.threads,
         "max_context": max_ctx, "end_id": tokenizer.eos_token_id, "vocab_size": h_info.vocab_size,
+        "stop_token_ids": ",".join(str(i) for i in stop_ids),
         "heavy_precision": heavy.precision, "light_precision": light.precision,
     }
 
@@ -309,7 +311,7 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
     tok_dir = save_tokenizer(tokenizer, work)
     heavy = export_heavy(heavy_source, tokenizer, work, options)
     light = export_light(light_source, tokenizer, work, options)
-    values = placeholder_values(heavy, light, tokenizer, work, options)
+    values = placeholder_values(heavy, light, tokenizer, work, options, document_end_ids(heavy_source, tokenizer))
     report = {"exporter_version": EXPORTER_VERSION, "options": {k: str(v) for k, v in asdict(options).items()},
               "placeholders": values, "heavy": asdict(heavy), "light": asdict(light),
               "total_s": round(time.perf_counter() - t0, 2)}

@@ -26,7 +26,7 @@ HF_DIR = "hf"  # torch runtime: HF folder inside a branch directory
 EXPORT_REPORT = "export.json"
 REQUIRED_PLACEHOLDERS = (
     "heavy_device", "light_device", "heavy_threads", "light_threads", "max_context",
-    "end_id", "vocab_size", "heavy_precision", "light_precision",
+    "end_id", "stop_token_ids", "vocab_size", "heavy_precision", "light_precision",
 )
 
 

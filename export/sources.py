@@ -5,6 +5,8 @@ refuses ``save_pretrained``; nothing here saves the model, only the tokenizer.
 """
 from __future__ import annotations
 
+import json
+
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,3 +94,23 @@ def tokenizer_differences(a, b) -> list[str]:
     if sa != sb:
         diffs.append(f"special tokens differ ({sorted(set(sa) ^ set(sb))[:10]})")
     return diffs
+
+
+def document_end_ids(source: Source, tokenizer) -> list[int]:
+    """Token ids besides eos that end a document, so generation stops on them too.
+
+    - the eos ids of the model's generation_config.json (HF folders; Qwen lists both
+      <|im_end|> and <|endoftext|>);
+    - a BOS the tokenizer never puts in front of a prompt: the model can only emit it at a
+      document boundary (GGUF Qwen files carry <|endoftext|> as BOS, and no generation config).
+    """
+    ids: set[int] = set()
+    gen = source.directory / "generation_config.json"
+    if source.kind == "hf" and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    bos = tokenizer.bos_token_id
+    if bos is not None and bos not in tokenizer("x")["input_ids"]:
+        ids.add(bos)
+    ids.discard(tokenizer.eos_token_id)
+    return sorted(int(i) for i in ids)

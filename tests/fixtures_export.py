@@ -34,7 +34,7 @@ def tiny_template(tmp_path_factory) -> Path:
     for model, keys in {
         "heavy": ("heavy_device", "heavy_threads", "heavy_precision", "max_context"),
         "light": ("light_device", "light_threads", "light_precision", "max_context"),
-        "preprocessing": ("end_id", "vocab_size"),
+        "preprocessing": ("end_id", "stop_token_ids", "vocab_size"),
     }.items():
         (root / model / "1").mkdir(parents=True)
         params = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "${{{k}}}" }} }}' for k in keys)

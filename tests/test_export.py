@@ -107,7 +107,7 @@ def test_unknown_placeholder_is_an_error(tmp_path):
     (template / "router" / "1").mkdir(parents=True)
     (template / "router" / "config.pbtxt").write_text('name: "router"\nparameters { value: "${block_size}" }\n')
     values = {k: 1 for k in ("heavy_device", "light_device", "heavy_threads", "light_threads", "max_context",
-                             "end_id", "vocab_size", "heavy_precision", "light_precision")}
+                             "end_id", "stop_token_ids", "vocab_size", "heavy_precision", "light_precision")}
     tok = tmp_path / "tok"
     tok.mkdir()
     with pytest.raises(TemplateError, match=r"router/config.pbtxt.*\$\{block_size\}"):
@@ -134,3 +134,19 @@ def test_options_reject_unknown_values():
         ExportOptions(device="tpu")
     with pytest.raises(ValueError, match="--light-quant"):
         ExportOptions(light_quant="int4")
+
+
+def test_document_end_ids(tmp_path):
+    """HF generation_config eos ids and a never-prepended BOS become extra stop tokens."""
+    from export.sources import Source, document_end_ids
+
+    class Tok:
+        eos_token_id, bos_token_id = 5, 7
+
+        def __call__(self, text):
+            return {"input_ids": [11, 12]}  # BOS not prepended
+
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [5, 9]}')
+    assert document_end_ids(Source(tmp_path, tmp_path), Tok()) == [7, 9]
+    Tok.__call__ = lambda self, text: {"input_ids": [7, 11]}  # BOS prepended: not a stop
+    assert document_end_ids(Source(tmp_path, tmp_path, "m.gguf"), Tok()) == []

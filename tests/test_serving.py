@@ -239,3 +239,20 @@ def test_tensorrt_llm_client_fields_are_accepted(server):
     assert r.status_code == 200, r.text
     assert json.loads(r.json()["routing_stats"])["generated_tokens"] == 6
     assert not r.json()["text_output"].startswith("def f():")
+
+
+def test_document_end_tokens_from_config_stop_generation(server, tokenizer, tiny_repo, tmp_path, start_triton):
+    """preprocessing's stop_token_ids (exporter-filled, e.g. Qwen's <|endoftext|>) end answers."""
+    import re
+    import shutil
+
+    gen, _ = router_tokens(server.grpc_url, ids(tokenizer, PROMPTS[0]), router_mode="verify", max_tokens=32)
+    end = gen[5]
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo, symlinks=True)
+    config = repo / "preprocessing" / "config.pbtxt"
+    text = re.sub(r'(key: "stop_token_ids" value: \{ string_value: ")[^"]*(")', rf"\g<1>{end}\g<2>", config.read_text())
+    config.write_text(text)
+    other = start_triton(repo)
+    cut = generate_http(other.http_url.replace("http://", ""), PROMPTS[0], max_tokens=32, router_mode="verify")
+    assert cut.stats["finish_reason"] == "stop_words" and cut.stats["generated_tokens"] == gen.index(end)

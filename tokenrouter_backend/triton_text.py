@@ -33,6 +33,8 @@ class PreprocessingModel:
         params = config_parameters(args)
         self.tokenizer = load_tokenizer(args, params)
         self.default_end_id = int(params.get("end_id", "-1") or -1)  # filled by the exporter
+        # document-end tokens besides end_id (exporter-filled); each is a one-token stop sequence
+        self.stop_token_ids = [int(t) for t in params.get("stop_token_ids", "").split(",") if t.strip()]
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def execute(self, requests):
@@ -50,7 +52,7 @@ class PreprocessingModel:
         end_id = self.default_end_id if end_id is None else int(end_id)
         if not -1 <= end_id < self.vocab_size:
             return error_response(pb, f"end_id must be -1 (none) or in [0, {self.vocab_size - 1}]; got {end_id}")
-        stop_ids: list[int] = []
+        stop_ids: list[int] = [x for t in self.stop_token_ids for x in (t, -1)]
         for word in input_strings(pb, request, "stop_words"):
             if word:
                 stop_ids += self.tokenizer.encode(word, add_special_tokens=False).ids + [-1]
