@@ -10,41 +10,8 @@ from tokenrouter_backend.block_loop import GenerationRequest, generate
 from tokenrouter_backend.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
 from tokenrouter_backend.operations import Operations, RequestInfo
 from tokenrouter_backend.params import RouterDefaults
-from fakes import make_pair
+from fakes import StubFamily, make_pair
 from ops_helpers import PROMPTS
-
-
-class StubMetric:
-    def __init__(self, family, labels, buckets):
-        self.family, self.labels, self.buckets = family, labels, buckets
-        self.value, self.observations = 0.0, []
-
-    def increment(self, v):
-        assert v >= 0, "counters only go up"
-        self.value += v
-
-    def set(self, v):
-        self.value = v
-
-    def observe(self, v):
-        self.observations.append(v)
-
-
-class StubFamily:
-    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    created: dict = {}
-
-    def __init__(self, name, description, kind):
-        assert description and kind in ("counter", "gauge", "histogram")
-        self.name, self.kind, self.metrics = name, kind, []
-        StubFamily.created[name] = self
-
-    def Metric(self, labels=None, buckets=None):  # noqa: N802 - pb_utils' spelling
-        assert (buckets is not None) == (self.kind == "histogram")
-        m = StubMetric(self, labels or {}, buckets)
-        self.metrics.append(m)
-        return m
-
 
 class StubPb:
     MetricFamily = StubFamily

@@ -7,38 +7,9 @@ import types
 import numpy as np
 import pytest
 
+from fakes import StubFamily
 from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
 from tokenrouter_backend.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
-
-
-class FakeMetric:
-    def __init__(self, family, labels, buckets=None):
-        self.family, self.labels, self.buckets = family, labels, buckets
-        self.value, self.observed = 0.0, []
-
-    def set(self, v):
-        self.value = v
-
-    def increment(self, v):
-        self.value += v
-
-    def observe(self, v):
-        self.observed.append(v)
-
-
-class FakeFamily:
-    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    created: dict = {}
-
-    def __init__(self, name, description, kind):
-        self.name, self.kind = name, kind
-        self.metrics = []
-        FakeFamily.created[name] = self
-
-    def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils spelling
-        m = FakeMetric(self, labels, buckets)
-        self.metrics.append(m)
-        return m
 
 
 def fake_pb_utils():
@@ -65,7 +36,7 @@ def fake_pb_utils():
 
     pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
     pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req[name]) if name in req else None
-    pb.MetricFamily = FakeFamily
+    pb.MetricFamily = StubFamily
     pb.Logger = types.SimpleNamespace(log_info=print, log_warn=print, log_error=print)
     return pb
 
@@ -127,13 +98,13 @@ def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path)
     assert "draft_len 9 outside 0..4" in out[3].error.message()
     assert out[4].tensors["dist"].shape == (1, 2, 300)
     assert out[0].tensors["dist"].shape == (1, 0, 0)
-    fam = FakeFamily.created
+    fam = StubFamily.created
     assert fam["tokenrouter_kv_sessions"].metrics[0].value == 2
     assert fam["tokenrouter_kv_sessions"].metrics[0].labels == {"branch": "light"}
     assert fam["tokenrouter_kv_bytes"].metrics[0].value == model.engine.store.bytes_in_use > 0
-    assert fam["tokenrouter_branch_batch_size"].metrics[0].observed == [2, 1, 1]
+    assert fam["tokenrouter_branch_batch_size"].metrics[0].observations == [2, 1, 1]
     assert fam["tokenrouter_branch_batch_size"].metrics[0].buckets == [1, 2, 4, 8, 16, 32]
-    assert len(fam["tokenrouter_branch_forward_ms"].metrics[0].observed) == 3
+    assert len(fam["tokenrouter_branch_forward_ms"].metrics[0].observations) == 3
     release = model.execute([request(BranchOp(s, 0, (), release=True)) for s in (1, 4)])
     assert all(r.error is None for r in release)
     assert fam["tokenrouter_kv_bytes"].metrics[0].value == 0
