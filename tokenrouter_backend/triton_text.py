@@ -6,7 +6,6 @@ response (token window, prefix length, final flag, stats).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -82,5 +81,5 @@ class PostprocessingModel:
         text = self.detok.delta(window.tolist(), prefix, final)
         return pb.InferenceResponse(output_tensors=[
             pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_)),
-            pb.Tensor("routing_stats", np.array([[json.dumps(json.loads(stats)).encode()]], dtype=np.object_)),
+            pb.Tensor("routing_stats", np.array([[stats.encode()]], dtype=np.object_)),
         ])
