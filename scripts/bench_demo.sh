@@ -9,7 +9,7 @@ DEMO=${DEMO:-$HOME/.cache/tokenrouter/demo}
 OUT=${1:-bench_results/demo}
 PER=${2:-4}
 mkdir -p "$OUT"
-PYTHONPATH=. "$PY" -m tokenrouter_backend.cli bench \
+PYTHONPATH=. "$PY" -m tokenrouter_backend.cli.main bench \
   --repo "$DEMO/repository" \
   --heavy "$DEMO/heavy/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" \
   --light "$DEMO/light/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" \

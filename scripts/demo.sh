@@ -10,7 +10,7 @@ READY_TIMEOUT=${DEMO_READY_TIMEOUT:-600}   # seconds for tritonserver to load bo
 scripts/setup.sh
 PY=.venv/bin/python
 TR=.venv/bin/tokenrouter
-path_of() { "$PY" -c "from tokenrouter_backend import paths; print(paths.$1())"; }
+path_of() { "$PY" -c "from tokenrouter_backend.server import paths; print(paths.$1())"; }
 HEAVY=$(path_of demo_heavy_gguf)
 LIGHT=$(path_of demo_light_gguf)
 REPO=$(path_of demo_repository)
@@ -25,7 +25,7 @@ echo "== export it to a Triton model repository: $REPO"
 
 echo "== serve it"
 read -r HTTP_PORT GRPC_PORT METRICS_PORT < <("$PY" -c \
-  "from tokenrouter_backend.server_launcher import free_ports; print(*free_ports(3))")
+  "from tokenrouter_backend.server.ports import free_ports; print(*free_ports(3))")
 SERVE_OUT="$LOGS/demo-serve.out"
 "$TR" serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
   --metrics-port "$METRICS_PORT" --ready-timeout "$READY_TIMEOUT" >"$SERVE_OUT" 2>&1 &
@@ -50,6 +50,6 @@ cat "$SERVE_OUT"
 export TOKENROUTER_HTTP_URL="http://127.0.0.1:$HTTP_PORT" TOKENROUTER_GRPC_URL="127.0.0.1:$GRPC_PORT"
 
 echo "== generate: code completion in heavy, verify and route modes"
-"$PY" -m client.demo --url "127.0.0.1:$HTTP_PORT"
+"$PY" -m tokenrouter_backend.client.demo --url "127.0.0.1:$HTTP_PORT"
 
 echo "== stop"

@@ -72,7 +72,7 @@ say "      cannot be carried); in the docker image its KV round-trips through ho
 say "== tiny pair, torch runtime"
 TINY="$WORK/tiny"
 if step "tiny pair build" "${T_TINY:-240}" "$PYTHON" -c "
-import sys; from export.tiny_pair import build_tiny_pair
+import sys; from tokenrouter_backend.export.tiny_pair import build_tiny_pair
 print(*build_tiny_pair(sys.argv[1]))" "$TINY/src"; then
   step "tiny export (--runtime torch --device $DEVICE)" "${T_TINY:-240}" "$PYTHON" -m tokenrouter_backend export \
     --heavy "$TINY/src/heavy" --light "$TINY/src/light" --out "$TINY/repo" --device "$DEVICE" --runtime torch

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tokenrouter_backend.onnx_lm import OnnxCausalLM  # noqa: E402
+from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM  # noqa: E402
 
 PAST_LEN = 128  # cached tokens before the timed step
 WARMUP = 3  # untimed runs (CUDA/TensorRT build kernels on the first ones)

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tokenrouter_backend.server_launcher import TritonServer
+from tokenrouter_backend.server.process import TritonServer
 
 TEST_READY_TIMEOUT_S = 120.0  # tiny models load in seconds; this only bounds a hang
 
@@ -58,10 +58,10 @@ def tiny_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     second build a no-op); the repository itself is written per test session, so checkouts
     with different templates never see each other's configs.
     """
-    from export.pipeline import ExportOptions, export_pair
-    from export.tiny_pair import build_tiny_pair
+    from tokenrouter_backend.export.pipeline import ExportOptions, export_pair
+    from tokenrouter_backend.export.tiny_pair import build_tiny_pair
 
-    from tokenrouter_backend import paths
+    from tokenrouter_backend.server import paths
 
     heavy, light = build_tiny_pair(paths.tiny_dir())
     out = tmp_path_factory.mktemp("tiny") / "repository"

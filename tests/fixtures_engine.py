@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenrouter_backend.onnx_lm import ModelInfo
+from tokenrouter_backend.engine.onnx_lm import ModelInfo
 
 
 class ToyLM:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from export.pipeline import ExportOptions, export_pair
-from export.tiny_pair import build_tiny_pair
+from tokenrouter_backend.export.pipeline import ExportOptions, export_pair
+from tokenrouter_backend.export.tiny_pair import build_tiny_pair
 
 TINY_DIR_ENV = "TOKENROUTER_TINY_DIR"  # reuse a pair built earlier (stamp-checked)
 

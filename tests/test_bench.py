@@ -11,11 +11,11 @@ from dataclasses import fields
 
 import pytest
 
-from client import bench, load
-from client.bench import RunRecord
-from client.workloads import load_workloads
-from export.tiny_pair import build_tiny_pair
-from tokenrouter_backend import paths
+from tokenrouter_backend.client import bench, load
+from tokenrouter_backend.client.bench import RunRecord
+from tokenrouter_backend.client.workloads import load_workloads
+from tokenrouter_backend.export.tiny_pair import build_tiny_pair
+from tokenrouter_backend.server import paths
 
 THRESHOLD = 0.8
 EXPECTED_ARMS = {"heavy", "light", "verify", f"route@{THRESHOLD:g}", "hf_heavy", "hf_assisted", "hf_prompt_lookup"}

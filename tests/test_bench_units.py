@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from client import load
-from client.bench import RunRecord, make_arms
-from client.metrics import paired_ratios, spread, summarize
-from client.quality import compare_tokens, humaneval_passed, truncate_humaneval
-from client.workloads import ALL_WORKLOADS, HUMANEVAL, humaneval_problems, load_workloads
+from tokenrouter_backend.client import load
+from tokenrouter_backend.client.bench import RunRecord, make_arms
+from tokenrouter_backend.client.metrics import paired_ratios, spread, summarize
+from tokenrouter_backend.client.quality import compare_tokens, humaneval_passed, truncate_humaneval
+from tokenrouter_backend.client.workloads import ALL_WORKLOADS, HUMANEVAL, humaneval_problems, load_workloads
 
 
 def test_workloads_have_ids_and_names():

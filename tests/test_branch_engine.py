@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from fixtures_engine import ToyLM, tiny_qwen_dir  # noqa: F401 - fixture
-from tokenrouter_backend.branch_engine import BranchEngine, EngineConfig
-from tokenrouter_backend.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
-from tokenrouter_backend.kv_store import KVShape, KVStore
-from tokenrouter_backend.sampling import entropy, softmax
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
+from tokenrouter_backend.engine.kv_store import KVShape, KVStore
+from tokenrouter_backend.core.sampling import entropy, softmax
 
 PROMPTS = {1: (3, 4, 5), 2: (7,), 3: (9, 8, 7, 6, 5, 4, 3, 2), 4: (11, 12)}
 
@@ -230,7 +230,7 @@ def test_infinite_max_entropy_default():
 # ---- real ONNX (tiny random Qwen2, exported in the fixture) -----------------------------
 @pytest.fixture(scope="module")
 def onnx_lm(tiny_qwen_dir):  # noqa: F811
-    from tokenrouter_backend.onnx_lm import OnnxCausalLM
+    from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
 
     return OnnxCausalLM(tiny_qwen_dir, intra_op_threads=1)
 

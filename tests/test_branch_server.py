@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
-from tokenrouter_backend.branch_engine import BranchEngine, EngineConfig
-from tokenrouter_backend.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 
-from tokenrouter_backend import server_launcher as launcher
+from tokenrouter_backend.server import process as launcher
 import tritonclient.http as httpclient
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository"
@@ -63,7 +63,7 @@ def infer(url: str, model: str, op: BranchOp):
 
 
 def reference(onnx_dir, ops):
-    from tokenrouter_backend.onnx_lm import OnnxCausalLM
+    from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
 
     eng = BranchEngine(OnnxCausalLM(onnx_dir, intra_op_threads=1), config=EngineConfig(), name="ref")
     return [eng.run([op])[0] for op in ops]

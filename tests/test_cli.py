@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenrouter_backend import cli
+from tokenrouter_backend.cli import main as cli
 from triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ import dataclasses
 import json
 import time
 
-from tokenrouter_backend.decision_log import DecisionLog, read_log
-from tokenrouter_backend.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY
+from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
+from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY
 from fakes import make_pair
 from ops_helpers import PROMPTS, Recorder, run_one
 

@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from export import pipeline, quantize
-from export.pipeline import ExportOptions, TokenizerMismatch, export_pair
-from export.repository import TemplateError, fill_repository, fill_text
-from export.validate import (FP32_REL_TOL, INT8_MIN_AGREEMENT, ValidationError, prompt_ids,
+from tokenrouter_backend.export import pipeline, quantize
+from tokenrouter_backend.export.pipeline import ExportOptions, TokenizerMismatch, export_pair
+from tokenrouter_backend.export.repository import TemplateError, fill_repository, fill_text
+from tokenrouter_backend.export.validate import (FP32_REL_TOL, INT8_MIN_AGREEMENT, ValidationError, prompt_ids,
                              validate_onnx)
 from tests.fixtures_export import tiny_export, tiny_pair, tiny_template  # noqa: F401
 
@@ -43,7 +43,7 @@ def test_validation_can_fail(tiny_export, tiny_pair):  # noqa: F811
     """Reference logits off by more than the bound must fail the export."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from export.validate import reference_logits
+    from tokenrouter_backend.export.validate import reference_logits
 
     out, _ = tiny_export
     tok = AutoTokenizer.from_pretrained(tiny_pair[0])
@@ -138,7 +138,7 @@ def test_options_reject_unknown_values():
 
 def test_document_end_ids(tmp_path):
     """HF generation_config eos ids and a never-prepended BOS become extra stop tokens."""
-    from export.sources import Source, document_end_ids
+    from tokenrouter_backend.export.sources import Source, document_end_ids
 
     class Tok:
         eos_token_id, bos_token_id = 5, 7

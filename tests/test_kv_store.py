@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from tokenrouter_backend.branch_protocol import BranchError, SessionMissing
-from tokenrouter_backend.kv_store import MIN_CAPACITY, KVShape, KVStore
+from tokenrouter_backend.core.branch_protocol import BranchError, SessionMissing
+from tokenrouter_backend.engine.kv_store import MIN_CAPACITY, KVShape, KVStore
 
 SHAPE = KVShape(num_layers=2, num_kv_heads=2, head_dim=4, dtype=np.dtype(np.float32), max_len=1000)
 

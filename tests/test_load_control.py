@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenrouter_backend.block_loop import GenerationRequest, generate
-from tokenrouter_backend.hooks import BlockRecord
-from tokenrouter_backend.load_control import LoadConfig, LoadController
-from tokenrouter_backend.operations import Operations, RequestInfo
-from tokenrouter_backend.params import RouterDefaults
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.hooks import BlockRecord
+from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
+from tokenrouter_backend.core.params import RouterDefaults
 from fakes import FakeBranch, ToyLM
 from ops_helpers import PROMPTS, run_one
 

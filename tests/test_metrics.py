@@ -6,10 +6,10 @@ import re
 import time
 from collections import defaultdict
 
-from tokenrouter_backend.block_loop import GenerationRequest, generate
-from tokenrouter_backend.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
-from tokenrouter_backend.operations import Operations, RequestInfo
-from tokenrouter_backend.params import RouterDefaults
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.operations.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
+from tokenrouter_backend.core.params import RouterDefaults
 from fakes import StubFamily, make_pair
 from ops_helpers import PROMPTS
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export.validate import batch_step
+from tokenrouter_backend.export.validate import batch_step
 from tests.fixtures_export import tiny_export, tiny_pair, tiny_template  # noqa: F401
-from tokenrouter_backend.onnx_lm import ModelInfo, OnnxCausalLM
+from tokenrouter_backend.engine.onnx_lm import ModelInfo, OnnxCausalLM
 
 TOL = 1e-4
 
@@ -78,7 +78,7 @@ def test_consolidated_external_data_runs_the_same(lm, tiny_export, tmp_path):  #
 
     import onnx
 
-    from export.onnx_export import consolidate_external_data
+    from tokenrouter_backend.export.onnx_export import consolidate_external_data
 
     out, _ = tiny_export
     scattered = tmp_path / "scattered"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from client import triton_client
+from tokenrouter_backend.client import triton_client
 
 PROMPTS = ["def add(a, b):", "for i in range(", "import numpy as", "class Stack:", "while True:", "print("]
 COUNTERS = {  # metric (summed over labels) -> routing_stats field

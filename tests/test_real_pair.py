@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from serving_helpers import router_tokens
-from tokenrouter_backend import paths
+from tokenrouter_backend.server import paths
 
 pytestmark = pytest.mark.real
 

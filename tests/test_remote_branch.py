@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from tokenrouter_backend.branch_protocol import (
+from tokenrouter_backend.core.branch_protocol import (
     BranchError,
     BranchOp,
     BranchResult,
     Sampling,
     SessionMissing,
 )
-from tokenrouter_backend.remote_branch import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
+from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
 
 from fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
 

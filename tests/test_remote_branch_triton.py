@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from tokenrouter_backend.branch_protocol import (
+from tokenrouter_backend.core.branch_protocol import (
     TENSOR_INPUTS,
     BranchError,
     BranchOp,
     SessionMissing,
 )
-from tokenrouter_backend.remote_branch import RemoteBranch
-from tokenrouter_backend.server_launcher import free_ports
+from tokenrouter_backend.branches.remote import RemoteBranch
+from tokenrouter_backend.server.ports import free_ports
 
 from triton_repo import write_python_model  # pytest puts tests/ on sys.path
 
@@ -37,7 +37,7 @@ OUTPUTS_CONFIG = """\
 SCRIPTED_BRANCH_MODEL = f"""\
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tokenrouter_backend.branch_protocol import (
+from tokenrouter_backend.core.branch_protocol import (
     BranchResult, SessionMissing, op_from_arrays, result_to_arrays)
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenrouter_backend import replay
-from tokenrouter_backend.decision_log import DecisionLog, read_log
+from tokenrouter_backend.cli import replay as replay_cli
+from tokenrouter_backend.operations import replay
+from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 from fakes import FakeBranch, ToyLM
 from ops_helpers import PROMPTS, Recorder, heavy_agreement, run_one
 
@@ -62,8 +63,8 @@ def test_replay_predicts_route(tmp_path, capsys):
 def test_cli_prints_grid_and_refuses_non_verify_logs(tmp_path, capsys):
     path = verify_log(tmp_path)
     parser = __import__("argparse").ArgumentParser()
-    replay.add_arguments(parser)
-    assert replay.run(parser.parse_args([str(path), "--thresholds", "0.5,0.9"])) == 0
+    replay_cli.add_arguments(parser)
+    assert replay_cli.run(parser.parse_args([str(path), "--thresholds", "0.5,0.9"])) == 0
     out = capsys.readouterr().out
     assert "light_share" in out and "0.500" in out and "0.900" in out
     rec = Recorder()
@@ -73,8 +74,8 @@ def test_cli_prints_grid_and_refuses_non_verify_logs(tmp_path, capsys):
     for r in rec.records:
         log.submit(r)
     log.close()
-    assert replay.run(parser.parse_args([str(route_log)])) == 1
-    assert replay.run(parser.parse_args([str(path), "--thresholds", "x"])) == 2
+    assert replay_cli.run(parser.parse_args([str(route_log)])) == 1
+    assert replay_cli.run(parser.parse_args([str(path), "--thresholds", "x"])) == 2
 
 
 def test_predict_edges():

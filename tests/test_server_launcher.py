@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter_backend.server_launcher import (
-    TritonInstall, TritonServer, TritonServerError, _group_pids, parse_model_errors,
-    server_environment)
+from tokenrouter_backend.server.errors import TritonServerError
+from tokenrouter_backend.server.install import TritonInstall, server_environment
+from tokenrouter_backend.server.logs import parse_model_errors
+from tokenrouter_backend.server.process import TritonServer, process_group_pids
 from triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 
 
@@ -88,7 +89,7 @@ def test_failed_start_leaves_no_process(add_one_repo, tmp_path):
     with pytest.raises(TritonServerError):
         server.wait_ready()
     assert not server.is_running()
-    assert _group_pids(pgid) == []
+    assert process_group_pids(pgid) == []
 
 
 def test_explicit_mode_reloads_a_model(add_one_repo, start_triton):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import requests
 
-from client.triton_client import GenerationError, generate_grpc, generate_http
+from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
 from serving_helpers import model_stats, router_tokens, scrape_metric
 
 PROMPTS = [

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenrouter_backend.operations import Operations, RequestInfo
-from tokenrouter_backend.params import RouterDefaults
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
+from tokenrouter_backend.core.params import RouterDefaults
 from fakes import FakeBranch, ToyLM
 from ops_helpers import PROMPTS, heavy_agreement, run_one
 from test_load_control import serve

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from export.tiny_pair import STAMP, build_tiny_pair, corpus_text, is_built
+from tokenrouter_backend.export.tiny_pair import STAMP, build_tiny_pair, corpus_text, is_built
 from tests.fixtures_export import tiny_pair  # noqa: F401  (session fixture)
 
 MIN_AGREEMENT = 0.30  # heavy/light top-1 agreement on training text (measured ~0.5)

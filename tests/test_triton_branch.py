@@ -9,7 +9,7 @@ import pytest
 
 from fakes import StubFamily
 from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
-from tokenrouter_backend.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 
 
 def fake_pb_utils():
@@ -44,11 +44,11 @@ def fake_pb_utils():
 @pytest.fixture
 def glue(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    sys.modules.pop("tokenrouter_backend.triton_branch", None)
-    import tokenrouter_backend.triton_branch as tb
+    sys.modules.pop("tokenrouter_backend.serving.branch_model", None)
+    import tokenrouter_backend.serving.branch_model as tb
 
     yield tb
-    sys.modules.pop("tokenrouter_backend.triton_branch", None)
+    sys.modules.pop("tokenrouter_backend.serving.branch_model", None)
 
 
 def test_parse_params_defaults_and_errors(glue):
@@ -124,7 +124,7 @@ def test_parse_params_runtime(glue):
 
 
 def test_execute_on_the_torch_runtime(glue, tmp_path, tiny_repository):  # builds the tiny pair
-    from tokenrouter_backend import paths
+    from tokenrouter_backend.server import paths
 
     version = tmp_path / "heavy" / "1"
     shutil.copytree(paths.tiny_dir() / "heavy", version / "hf")

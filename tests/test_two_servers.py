@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter_backend.server_launcher import TritonServer, free_ports
+from tokenrouter_backend.server.ports import free_ports
+from tokenrouter_backend.server.process import TritonServer
 
 from serving_helpers import model_stats, router_tokens
 

@@ -1,2 +1,2 @@
-"""Triton Python-backend model `light`: all logic is in tokenrouter_backend.triton_branch."""
-from tokenrouter_backend.triton_branch import TritonPythonModel  # noqa: F401
+"""Triton Python-backend model `light`: all logic is in tokenrouter_backend.serving.branch_model."""
+from tokenrouter_backend.serving.branch_model import TritonPythonModel  # noqa: F401

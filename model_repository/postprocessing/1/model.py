@@ -1,7 +1,7 @@
-"""Postprocessing model: token ids -> text, incrementally (see tokenrouter_backend.triton_text)."""
+"""Postprocessing model: token ids -> text, incrementally (see tokenrouter_backend.serving.text_models)."""
 import triton_python_backend_utils as pb_utils
 
-from tokenrouter_backend.triton_text import PostprocessingModel
+from tokenrouter_backend.serving.text_models import PostprocessingModel
 
 
 class TritonPythonModel:

@@ -1,7 +1,7 @@
-"""Preprocessing model: text -> token ids (see tokenrouter_backend.triton_text)."""
+"""Preprocessing model: text -> token ids (see tokenrouter_backend.serving.text_models)."""
 import triton_python_backend_utils as pb_utils
 
-from tokenrouter_backend.triton_text import PreprocessingModel
+from tokenrouter_backend.serving.text_models import PreprocessingModel
 
 
 class TritonPythonModel:

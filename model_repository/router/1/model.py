@@ -1,9 +1,9 @@
-"""Router model: the block loop over the heavy and light branches (see tokenrouter_backend.triton_router)."""
+"""Router model: the block loop over the heavy and light branches (see tokenrouter_backend.serving.router_model)."""
 import asyncio
 
 import triton_python_backend_utils as pb_utils
 
-from tokenrouter_backend.triton_router import RouterModel
+from tokenrouter_backend.serving.router_model import RouterModel
 
 DRAIN_TIMEOUT_S = 30.0  # finalize waits this long for requests in flight
 

@@ -1,0 +1,49 @@
+"""``Branch`` over Triton BLS: the router calls the heavy/light models inside the server.
+
+``pb_utils`` is passed in (not imported) so this module imports without Triton.
+"""
+from __future__ import annotations
+
+from tokenrouter_backend.core.branch import Branch
+from tokenrouter_backend.core.branch_protocol import (
+    TENSOR_OUTPUTS,
+    BranchError,
+    BranchOp,
+    BranchResult,
+    SessionMissing,
+    op_to_arrays,
+    result_from_arrays,
+)
+
+SESSION_MISSING_MARKER = "SessionMissing"  # the branch glue names the exception class
+
+
+class BlsBranch(Branch):
+    """One branch model reached with ``InferenceRequest.async_exec()``."""
+
+    def __init__(self, name: str, model_name: str, pb_utils, timeout_ms: int = 0):
+        self.name = name
+        self.model_name = model_name
+        self.pb_utils = pb_utils
+        self.timeout_ms = timeout_ms  # 0 = no BLS timeout
+        self._outputs = list(TENSOR_OUTPUTS.values())
+
+    async def step(self, op: BranchOp) -> BranchResult:
+        pb = self.pb_utils
+        inputs = [pb.Tensor(name, value) for name, value in op_to_arrays(op).items()]
+        kwargs = {"timeout": self.timeout_ms * 1000} if self.timeout_ms else {}
+        request = pb.InferenceRequest(
+            model_name=self.model_name, inputs=inputs, requested_output_names=self._outputs, **kwargs
+        )
+        response = await request.async_exec()
+        if response.has_error():
+            message = f"{self.name} branch ({self.model_name}): {response.error().message()}"
+            if SESSION_MISSING_MARKER in message:
+                raise SessionMissing(message)
+            raise BranchError(message)
+
+        def get(name):
+            tensor = pb.get_output_tensor_by_name(response, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        return result_from_arrays(get)

@@ -1,0 +1,40 @@
+"""An in-process heavy/light pair: engines over any runtime (ONNX or torch) and one-request
+generation through the real block loop, without Triton (tests, the GPU check, benches)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.branches.in_process import InProcessBranch
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.stats import RequestStats
+
+
+@dataclass(frozen=True)
+class LocalPair:
+    """Two in-process branches sharing nothing but the block loop that drives them."""
+
+    light: InProcessBranch
+    heavy: InProcessBranch
+
+    @classmethod
+    def of(cls, light_lm, heavy_lm, config: EngineConfig = EngineConfig()) -> "LocalPair":
+        return cls(InProcessBranch("light", BranchEngine(light_lm, config=config, name="light")),
+                   InProcessBranch("heavy", BranchEngine(heavy_lm, config=config, name="heavy")))
+
+    def generate(self, prompt, mode: str, session_id: int = 1, end_id: int | None = None,
+                 **knobs) -> tuple[list[int], RequestStats]:
+        """Run one request (``knobs``: request inputs such as max_tokens, block_size)."""
+        return asyncio.run(self.generate_async(prompt, mode, session_id, end_id, **knobs))
+
+    async def generate_async(self, prompt, mode: str, session_id: int = 1, end_id: int | None = None,
+                             **knobs) -> tuple[list[int], RequestStats]:
+        params = RouterDefaults().request_params({"router_mode": mode, **knobs})
+        request = GenerationRequest(tuple(int(t) for t in prompt), params, end_id=end_id)
+        tokens: list[int] = []
+        stats = await generate(request, self.light, self.heavy,
+                               lambda new, _stats, _done: tokens.extend(int(t) for t in new),
+                               session_id=session_id)
+        return tokens, stats

@@ -1,0 +1,203 @@
+"""``RemoteBranch``: a branch model (heavy or light) served by another Triton server, over gRPC.
+
+The router uses it instead of in-process BLS when its ``heavy_url`` parameter (or the
+``TOKENROUTER_HEAVY_URL`` environment variable, see ``resolve_heavy_url``) names a server.
+Tensors follow ``branch_protocol`` exactly, so the remote model is the same ``heavy`` model
+that BLS would call.
+
+Failure handling:
+- every call has a deadline (``timeout_s``); a call past it fails with ``BranchError``;
+- a server that cannot be reached (gRPC UNAVAILABLE) is retried ``connect_retries`` times
+  with exponential backoff, each retry on a fresh channel, then fails with a ``BranchError``
+  naming the URL and model. Retrying a step is safe even if the server did run it: a step
+  first truncates the session to ``keep_len``, so running it twice leaves the same cache;
+- a remote error whose message carries ``SessionMissing`` becomes ``SessionMissing``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from tokenrouter_backend.core.branch import Branch
+from tokenrouter_backend.core.branch_protocol import (
+    TENSOR_INPUTS,
+    TENSOR_OUTPUTS,
+    BranchError,
+    BranchOp,
+    BranchResult,
+    SessionMissing,
+    op_to_arrays,
+    result_from_arrays,
+)
+
+log = logging.getLogger("tokenrouter.remote_branch")
+
+HEAVY_URL_ENV = "TOKENROUTER_HEAVY_URL"  # overrides the router's heavy_url parameter
+DEFAULT_TIMEOUT_S = 60.0  # deadline of one step (a long prefill on a busy heavy server)
+DEFAULT_CONNECT_RETRIES = 3  # retries after the first attempt when the server is unreachable
+DEFAULT_BACKOFF_S = 0.25  # first retry delay; doubles each retry
+MAX_BACKOFF_S = 2.0  # cap of one retry delay
+SESSION_MISSING_TAG = "SessionMissing"  # branch glue puts the exception class in the message
+RECONNECT_BACKOFF_MS = 100  # gRPC's own reconnect delay after a refused connect (default 1 s)
+
+_UNREACHABLE = ("StatusCode.UNAVAILABLE",)
+_TIMED_OUT = ("StatusCode.DEADLINE_EXCEEDED",)
+# Triton datatype of each input: the config.pbtxt type without its TYPE_ prefix.
+_INPUT_DTYPES = {name: dtype.removeprefix("TYPE_") for name, dtype in TENSOR_INPUTS.values()}
+
+
+def resolve_heavy_url(param: str | None) -> str:
+    """The heavy server URL to use: $TOKENROUTER_HEAVY_URL if set, else ``param``; "" = BLS."""
+    return (os.environ.get(HEAVY_URL_ENV) or param or "").strip()
+
+
+class RemoteBranch(Branch):
+    """A branch model on another Triton server, reached with ``tritonclient.grpc.aio``."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        model: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_retries: int = DEFAULT_CONNECT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+    ):
+        if not url:
+            raise ValueError(f"RemoteBranch {name}: url is empty (host:port of the gRPC endpoint)")
+        if timeout_s <= 0 or connect_retries < 0 or backoff_s < 0:
+            raise ValueError(
+                f"RemoteBranch {name}: need timeout_s > 0, connect_retries >= 0, backoff_s >= 0; "
+                f"got {timeout_s}, {connect_retries}, {backoff_s}")
+        self.name = name
+        self.url = url
+        self.model = model or name
+        self.timeout_s = timeout_s
+        self.connect_retries = connect_retries
+        self.backoff_s = backoff_s
+        self._client = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RemoteBranch({self.name!r}, url={self.url!r}, model={self.model!r})"
+
+    @property
+    def where(self) -> str:
+        return f"{self.name} branch (model '{self.model}' at grpc://{self.url})"
+
+    async def step(self, op: BranchOp) -> BranchResult:
+        if self._closed:
+            raise BranchError(f"{self.where}: closed")
+        inputs, outputs = self._request(op)
+        delay = self.backoff_s
+        for attempt in range(self.connect_retries + 1):
+            try:
+                response = await self._get_client().infer(
+                    self.model, inputs, outputs=outputs, client_timeout=self.timeout_s)
+                return self._result(response)
+            except BranchError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+                if not _is_unreachable(exc):
+                    raise self._error(exc) from exc
+                log.warning("%s unreachable (attempt %d of %d): %s",
+                            self.where, attempt + 1, self.connect_retries + 1, _message(exc))
+                await self._drop_client()  # a fresh channel reconnects at once
+                if attempt == self.connect_retries:
+                    raise BranchError(
+                        f"{self.where} is unreachable after {attempt + 1} attempts: "
+                        f"{_message(exc)}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+        raise AssertionError("unreachable")  # the loop always returns or raises
+
+    async def close(self) -> None:
+        """Close the gRPC channel; later steps fail with BranchError. Idempotent."""
+        self._closed = True
+        await self._drop_client()
+
+    # ---- helpers -------------------------------------------------------------------
+    def _get_client(self):
+        if self._client is None:
+            import tritonclient.grpc.aio as grpcclient
+
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
+        return self._client
+
+    async def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.close()
+            except Exception as exc:  # noqa: BLE001 - a broken channel is being discarded
+                log.debug("closing channel to %s: %s", self.url, exc)
+
+    @staticmethod
+    def _request(op: BranchOp):
+        import tritonclient.grpc.aio as grpcclient
+
+        inputs = []
+        for name, array in op_to_arrays(op).items():
+            tensor = grpcclient.InferInput(name, list(array.shape), _INPUT_DTYPES[name])
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        outputs = [grpcclient.InferRequestedOutput(n) for n in TENSOR_OUTPUTS.values()]
+        return inputs, outputs
+
+    def _result(self, response) -> BranchResult:
+        def get(name):
+            array = response.as_numpy(name)
+            if array is None and name != TENSOR_OUTPUTS["dist"]:
+                raise BranchError(f"{self.where}: response lacks output '{name}'")
+            return array
+
+        return result_from_arrays(get)
+
+    def _error(self, exc: Exception) -> BranchError:
+        msg = _message(exc)
+        if SESSION_MISSING_TAG in msg:
+            return SessionMissing(f"{self.where}: {msg}")
+        if any(code in _status(exc) for code in _TIMED_OUT):
+            return BranchError(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
+        return BranchError(f"{self.where}: {msg}")
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's defaults plus a private subchannel pool and short reconnect backoff.
+
+    gRPC shares subchannels between channels by default, so a "fresh" channel would inherit
+    the old one's reconnect backoff (up to minutes) after the remote was down.
+    """
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", 10 * RECONNECT_BACKOFF_MS),
+    ]
+
+
+def _status(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    return str(status() if callable(status) else status or "")
+
+
+def _message(exc: Exception) -> str:
+    message = getattr(exc, "message", None)
+    text = message() if callable(message) else str(exc)
+    return text or type(exc).__name__
+
+
+def _is_unreachable(exc: Exception) -> bool:
+    return any(code in _status(exc) for code in _UNREACHABLE)

@@ -1,0 +1,1 @@
+"""The `tokenrouter` command and its subcommands."""

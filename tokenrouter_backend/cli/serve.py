@@ -1,0 +1,92 @@
+"""`tokenrouter serve`: run tritonserver on a model repository until interrupted."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tokenrouter_backend.server import paths
+from tokenrouter_backend.server.errors import TritonServerError
+from tokenrouter_backend.server.logs import tail
+from tokenrouter_backend.server.ports import LOOPBACK
+from tokenrouter_backend.server.process import (
+    DEFAULT_READY_TIMEOUT_S, DEFAULT_SHM_BYTES, DEFAULT_SHM_GROWTH_BYTES, MIB, MODEL_CONTROL_MODES,
+    POLL_INTERVAL_S, TritonServer)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repository", type=Path, default=None,
+                        help="model repository (default: the exported demo repository, "
+                             "<data>/demo/repository)")
+    parser.add_argument("--address", default=LOOPBACK,
+                        help=f"address to listen on (default {LOOPBACK}; 0.0.0.0 for all)")
+    for name, default in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        parser.add_argument(f"--{name}-port", type=int, default=default,
+                            help=f"{name} port (default {default}; 0 = pick a free one)")
+    parser.add_argument("--model-control-mode", choices=MODEL_CONTROL_MODES, default="none",
+                        help="none: load all at start (default); explicit: load --load-model "
+                             "(default all) and allow load/unload over the API")
+    parser.add_argument("--load-model", action="append", default=None,
+                        help="model to load in explicit mode (repeatable; default '*')")
+    parser.add_argument("--shm-bytes", type=int, default=DEFAULT_SHM_BYTES,
+                        help="Python-backend shared memory per model instance, bytes "
+                             f"(default {DEFAULT_SHM_BYTES // MIB} MiB)")
+    parser.add_argument("--shm-growth-bytes", type=int, default=DEFAULT_SHM_GROWTH_BYTES,
+                        help=f"its growth step, bytes (default {DEFAULT_SHM_GROWTH_BYTES // MIB} MiB)")
+    parser.add_argument("--log-file", type=Path, default=None,
+                        help="server log (default <data>/logs/tritonserver-<time>-<pid>.log)")
+    parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
+    parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
+                        help=f"seconds to wait for every model (default {DEFAULT_READY_TIMEOUT_S:.0f})")
+
+
+def run(args: argparse.Namespace) -> int:
+    repository = args.repository or paths.demo_repository()
+    if not Path(repository).is_dir():
+        print(f"tokenrouter serve: model repository not found: {repository}\n"
+              "  (export one with `tokenrouter export ...`, or pass --repository)", file=sys.stderr)
+        return 2
+    port = lambda p: None if p == 0 else p  # noqa: E731
+    server = TritonServer(repository, http_port=port(args.http_port), grpc_port=port(args.grpc_port),
+                          metrics_port=port(args.metrics_port), address=args.address,
+                          model_control_mode=args.model_control_mode, load_models=args.load_model,
+                          shm_default_bytes=args.shm_bytes, shm_growth_bytes=args.shm_growth_bytes,
+                          log_path=args.log_file, log_verbose=args.log_verbose,
+                          ready_timeout_s=args.ready_timeout)
+    stop_requested = threading.Event()
+    serving = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop_requested.set()
+        if not serving.is_set():  # still loading models: abandon the wait at once
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"tokenrouter serve: starting tritonserver on {repository} (log: {server.log_path})",
+              flush=True)
+        server.start()
+        server.wait_ready()
+        print(f"ready\n  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n"
+              f"  metrics {server.metrics_url}", flush=True)
+        serving.set()
+        while not stop_requested.wait(POLL_INTERVAL_S):
+            if not server.is_running():
+                code = server.stop()
+                print(f"tokenrouter serve: tritonserver exited with code {code}; "
+                      f"last log lines:\n{tail(server.log_text())}", file=sys.stderr)
+                return 1
+        print("tokenrouter serve: stopping", flush=True)
+        return 0
+    except TritonServerError as err:
+        print(f"tokenrouter serve: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tokenrouter serve: interrupted while loading; stopping", file=sys.stderr)
+        return 130
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

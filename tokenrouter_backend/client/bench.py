@@ -1,0 +1,281 @@
+"""``tokenrouter bench``: TokenRouter's modes side by side with transformers peers.
+
+Arms through Triton (gRPC streaming, single stream): ``heavy``, ``light``, ``verify`` and
+``route@T`` for each confidence threshold T; in-process peers on the same pair (see
+``peers.py``). Arms run INTERLEAVED prompt by prompt (arm order rotated per prompt), so
+machine drift hits every arm alike. Speed ratios come only from PAIRED runs: the same
+prompt and repeat, arm vs baseline (``heavy``, ``hf_heavy``, ``hf_assisted``); the report
+gives per-prompt ratios, their median and IQR. Quality is measured against heavy-only greedy
+output of the same prompt (the ``heavy`` arm; ``hf_heavy`` if that arm is absent).
+
+Writes OUT/results.json (every record, ratio and summary), OUT/results.md and PNG plots.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import report
+from .metrics import add_quality, paired_ratios, summarize
+from .workloads import ALL_WORKLOADS, Prompt, load_workloads
+
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)  # route confidence thresholds: the frontier
+QUICK_THRESHOLDS = (0.8,)
+TRITON_MODES = ("heavy", "light", "verify", "route")
+WARMUP_TOKENS = 4
+REQUEST_TIMEOUT_S = 900.0
+RECORDS_JSONL = "records.jsonl"  # raw records, written as they complete
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    kind: str                      # "triton" | "peer"
+    knobs: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunRecord:
+    """One arm on one prompt. Stats fields are None where the arm has no such notion."""
+
+    arm: str
+    prompt_id: str
+    workload: str
+    repeat: int
+    order: int                     # position of this arm within the prompt's round
+    text: str = ""
+    tokens: int = 0
+    latency_s: float = 0.0
+    ttft_s: float = 0.0
+    tokens_per_s: float = 0.0
+    light_share: float | None = None
+    heavy_calls_per_token: float | None = None
+    mean_accepted: float | None = None
+    router_overhead_share: float | None = None
+    stats: dict = field(default_factory=dict)
+    error: str | None = None
+    # quality, filled by metrics.add_quality
+    exact_match: bool | None = None
+    token_agreement: float | None = None
+    common_prefix_tokens: int | None = None
+    seq_agreement: float | None = None
+    nll: float | None = None
+    humaneval_passed: bool | None = None
+
+
+def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, ...]) -> list[Arm]:
+    arms = []
+    for mode in modes:
+        if mode == "route":
+            arms += [Arm(f"route@{t:g}", "triton", {"router_mode": "route", "confidence_threshold": t})
+                     for t in thresholds]
+        else:
+            arms.append(Arm(mode, "triton", {"router_mode": mode}))
+    return arms + [Arm(name, "peer") for name in peer_arms]
+
+
+def run_triton(url: str, arm: Arm, prompt: Prompt, max_tokens: int, rec: RunRecord) -> None:
+    from .triton_client import generate_grpc
+
+    r = generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, max_tokens=max_tokens,
+                      **arm.knobs)
+    s = r.stats
+    rec.text, rec.tokens, rec.latency_s, rec.ttft_s = r.text, r.tokens, r.latency_s, r.ttft_s
+    rec.tokens_per_s, rec.stats = r.tokens_per_s, s
+    rec.light_share = s.get("light_share")
+    rec.heavy_calls_per_token = s.get("heavy_calls_per_token")
+    rec.mean_accepted = s.get("mean_accepted")
+    total = s.get("total_ms") or 0.0
+    rec.router_overhead_share = s.get("router_overhead_ms", 0.0) / total if total else None
+
+
+def run_peer(peers, arm: Arm, prompt: Prompt, max_tokens: int, rec: RunRecord) -> None:
+    r = peers.generate(arm.name, prompt.text, max_tokens)
+    rec.text, rec.tokens, rec.latency_s, rec.ttft_s = r.text, r.tokens, r.latency_s, r.ttft_s
+    rec.tokens_per_s = r.tokens / r.latency_s if r.latency_s > 0 else 0.0
+    rec.stats = r.extra
+
+
+def run_one(arm: Arm, prompt: Prompt, repeat: int, order: int, max_tokens: int, url: str | None,
+            peers) -> RunRecord:
+    rec = RunRecord(arm.name, prompt.id, prompt.workload, repeat, order)
+    try:
+        if arm.kind == "triton":
+            run_triton(url, arm, prompt, max_tokens, rec)
+        else:
+            run_peer(peers, arm, prompt, max_tokens, rec)
+    except Exception as exc:  # one failing run must not lose the others; it is reported
+        rec.error = f"{type(exc).__name__}: {exc}"[:1000]
+    return rec
+
+
+def warm_up(arms: list[Arm], prompt: Prompt, url: str | None, peers, log) -> None:
+    """One short request per arm first: session set-up and lazy allocations are not measured."""
+    for arm in arms:
+        rec = run_one(arm, prompt, -1, 0, WARMUP_TOKENS, url, peers)
+        if rec.error:
+            log(f"warm-up {arm.name}: {rec.error}")
+
+
+def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_tokens: int,
+                    url: str | None, peers, log=print, sink: Path | None = None) -> list[RunRecord]:
+    """Prompt-major loop; within a prompt the arm order rotates by one per prompt. Each record
+    is also appended to ``sink`` (JSON lines) at once, so a cut-short run keeps its data."""
+    records = []
+    for rep in range(repeats):
+        for i, prompt in enumerate(prompts):
+            shift = (i + rep) % len(arms)
+            for order, arm in enumerate(arms[shift:] + arms[:shift]):
+                rec = run_one(arm, prompt, rep, order, max_tokens, url, peers)
+                records.append(rec)
+                if sink is not None:
+                    with open(sink, "a") as fh:
+                        fh.write(json.dumps(asdict(rec)) + "\n")
+                log(f"[{rep}] {prompt.id:28s} {arm.name:18s} " +
+                    (f"ERROR {rec.error[:120]}" if rec.error else
+                     f"{rec.tokens:4d} tok {rec.latency_s:7.2f}s {rec.tokens_per_s:6.2f} tok/s "
+                     f"ttft {rec.ttft_s:5.2f}s light {rec.light_share if rec.light_share is not None else '-'}"))
+    return records
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--url", help="gRPC host:port of a running TokenRouter server")
+    p.add_argument("--repo", type=Path, help="model repository: started with TritonServer unless --url; "
+                   "also gives the tokenizer and ONNX heavy for scoring")
+    p.add_argument("--heavy", help="heavy source (HF folder or GGUF) for the transformers peers")
+    p.add_argument("--light", help="light source (HF folder or GGUF) for the transformers peers")
+    p.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
+    p.add_argument("--peer-arms", default=None, help="comma list of hf_heavy,hf_assisted,hf_prompt_lookup")
+    p.add_argument("--modes", default=",".join(TRITON_MODES), help="Triton arms (comma list)")
+    p.add_argument("--thresholds", default=None, help=f"route thresholds (default {DEFAULT_THRESHOLDS})")
+    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="2 prompts per workload, one route threshold")
+    size.add_argument("--full", action="store_true", help="all 164 HumanEval problems")
+    p.add_argument("--per-workload", type=int, default=None, help="cap prompts per workload")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--no-nll", action="store_true", help="skip heavy-model NLL scoring")
+    p.add_argument("--load-concurrency", default="", help="perf_analyzer sweep, e.g. 1,2,4,8,16 (empty: none)")
+    p.add_argument("--load-modes", default="heavy,verify,route")
+    p.add_argument("--load-max-tokens", type=int, default=32)
+    p.add_argument("--load-window", type=int, default=None, help="requests per perf_analyzer window")
+    p.add_argument("--out", type=Path, default=Path("bench_out"))
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _thresholds(args) -> list[float]:
+    if args.thresholds:
+        return [float(t) for t in _csv(args.thresholds)]
+    return list(QUICK_THRESHOLDS if args.quick else DEFAULT_THRESHOLDS)
+
+
+def machine_info() -> dict:
+    import os
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        info["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def _load_peers(args, log):
+    if args.no_peers or not args.heavy:
+        return None
+    from .peers import Peers
+
+    t0 = time.perf_counter()
+    peers = Peers(args.heavy, args.light)
+    log(f"peers loaded in {time.perf_counter() - t0:.0f}s")
+    return peers
+
+
+def _scorer_and_tokenizer(args, peers):
+    """Heavy tokenizer for token comparisons and the NLL scorer (transformers if loaded, else ONNX)."""
+    from .metrics import load_scoring
+
+    return load_scoring(peers, args.repo, want_nll=not args.no_nll)
+
+
+def execute(args, url: str | None, log=print) -> dict:
+    prompts = load_workloads(_csv(args.workloads), quick=args.quick, full=args.full,
+                             per_workload=args.per_workload)
+    peers = _load_peers(args, log)
+    peer_arms = tuple(_csv(args.peer_arms)) if (peers and args.peer_arms) else (peers.arms() if peers else ())
+    arms = make_arms(_csv(args.modes) if url else [], _thresholds(args), peer_arms)
+    if not arms:
+        raise SystemExit("nothing to run: give --url/--repo and/or --heavy")
+    log(f"{len(prompts)} prompts x {len(arms)} arms: {', '.join(a.name for a in arms)}")
+    warm_up(arms, prompts[0], url, peers, log)
+    t0 = time.perf_counter()
+    sink = args.out / RECORDS_JSONL
+    sink.unlink(missing_ok=True)
+    records = run_interleaved(prompts, arms, args.repeats, args.max_tokens, url, peers, log, sink)
+    wall = time.perf_counter() - t0
+    tokenizer, scorer = _scorer_and_tokenizer(args, peers)
+    add_quality(records, {p.id: p for p in prompts}, tokenizer, scorer)
+    ratios = paired_ratios(records)
+    results = {
+        "config": {"max_tokens": args.max_tokens, "repeats": args.repeats, "arms": [asdict(a) for a in arms],
+                   "workloads": _csv(args.workloads), "prompts": [p.id for p in prompts], "url": url,
+                   "repo": str(args.repo) if args.repo else None, "heavy": args.heavy, "light": args.light,
+                   "assistant_schedule": peers.assistant_schedule() if peers else None,
+                   "nll_scorer": scorer.name if scorer else None, "command": " ".join(sys.argv)},
+        "machine": machine_info(), "wall_s": round(wall, 1),
+        "records": [asdict(r) for r in records], "ratios": ratios,
+        "summary": summarize(records, ratios), "load": [],
+    }
+    if args.load_concurrency and url:
+        results["load"] = run_load(args, url, prompts, log)
+    return results
+
+
+def run_load(args, url: str, prompts: list[Prompt], log) -> list[dict]:
+    from . import load
+
+    thresholds = _thresholds(args)
+    extra = {"route": {"confidence_threshold": thresholds[len(thresholds) // 2]}}
+    return load.sweep(url, prompts, _csv(args.load_modes), [int(c) for c in _csv(args.load_concurrency)],
+                      args.load_max_tokens, args.out / "perf", extra,
+                      args.load_window or load.WINDOW_REQUESTS, log)
+
+
+def run(args: argparse.Namespace) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if args.url or not args.repo:
+        results = execute(args, args.url, log)
+    else:
+        import signal
+
+        from tokenrouter_backend.server.process import TritonServer
+
+        # SIGTERM (kill, timeout) must unwind the with-block so the server and its stubs stop
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        with TritonServer(args.repo, log_path=args.out / "tritonserver.log") as server:
+            results = execute(args, server.grpc_url, log)
+    report.write_all(results, args.out)
+    log(f"wrote {args.out}/results.json, results.md and plots")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tokenrouter bench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

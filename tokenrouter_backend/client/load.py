@@ -1,0 +1,181 @@
+"""Load sweeps with perf_analyzer (from the tritonclient wheel) against the ensemble.
+
+``input_data`` writes perf_analyzer's ``--input-data`` JSON from workload prompts (one entry
+per prompt; every tensor without its batch dimension, as perf_analyzer expects for
+``max_batch_size > 0`` models). ``run_point`` runs one concurrency level with
+``-i grpc --async --streaming`` (the ensemble is decoupled) and parses its ``-f`` CSV;
+``sweep`` runs concurrency levels per router mode.
+
+perf_analyzer needs Debian ``libb64-0d`` and ``libcudart.so.12`` (pip
+``nvidia-cuda-runtime-cu12``), which ``perf_env`` puts on ``LD_LIBRARY_PATH``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .workloads import Prompt
+
+MODEL = "tokenrouter"
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
+DEFAULT_MODES = ("heavy", "verify", "route")
+# count_windows: each measurement window is this many completed requests (time windows are
+# useless when one request takes seconds). Stability: perf_analyzer's default (10% over 3
+# windows) fails with rc 2 on a shared 2-core box whenever a neighbour's job starts, so, as
+# genai-perf does, 999% — every window is accepted and the report covers MAX_TRIALS windows.
+WINDOW_REQUESTS = 8
+STABILITY_PERCENT = 999
+MAX_TRIALS = 3
+POINT_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    mode: str
+    concurrency: int
+    throughput_rps: float       # completed requests/s (perf_analyzer "Inferences/Second")
+    tokens_per_s: float         # throughput_rps x max_tokens: an upper bound if requests stop early
+    p50_latency_ms: float
+    p99_latency_ms: float
+    avg_latency_ms: float
+    csv_row: dict
+
+
+def input_data(prompts: list[Prompt], mode: str, max_tokens: int, extra: dict | None = None) -> dict:
+    """perf_analyzer --input-data JSON: one request per prompt, all inputs shape [1]."""
+    rows = []
+    for p in prompts:
+        row = {"text_input": [p.text], "max_tokens": [int(max_tokens)], "stream": [True],
+               "router_mode": [mode]}
+        for k, v in (extra or {}).items():
+            row[k] = [v]
+        rows.append(row)
+    return {"data": rows}
+
+
+def write_input_data(path: Path, prompts: list[Prompt], mode: str, max_tokens: int,
+                     extra: dict | None = None) -> Path:
+    path.write_text(json.dumps(input_data(prompts, mode, max_tokens, extra), indent=1))
+    return path
+
+
+def perf_analyzer_binary() -> str:
+    here = Path(sys.executable).parent / "perf_analyzer"
+    found = str(here) if here.exists() else shutil.which("perf_analyzer")
+    if not found:
+        raise FileNotFoundError("perf_analyzer not found (pip install 'tritonclient[all]==2.51.0')")
+    return found
+
+
+def perf_env() -> dict[str, str]:
+    """Environment with libcudart.so.12 from nvidia-cuda-runtime-cu12 on LD_LIBRARY_PATH."""
+    env = dict(os.environ)
+    try:
+        import nvidia.cuda_runtime as cr
+
+        libdir = str(Path(list(cr.__path__)[0]) / "lib")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    except ImportError:
+        pass
+    return env
+
+
+def perf_command(grpc_url: str, data_path: Path, csv_path: Path, concurrency: int,
+                 window_requests: int = WINDOW_REQUESTS) -> list[str]:
+    return [perf_analyzer_binary(), "-m", MODEL, "-u", grpc_url, "-i", "grpc", "--async", "--streaming",
+            "--input-data", str(data_path), "--concurrency-range", f"{concurrency}:{concurrency}",
+            "--measurement-mode", "count_windows", "--measurement-request-count", str(window_requests),
+            "-s", str(STABILITY_PERCENT), "--max-trials", str(MAX_TRIALS), "--percentile", "99",
+            "-f", str(csv_path), "--verbose-csv"]
+
+
+def parse_csv(csv_path: Path) -> dict:
+    """The first data row of perf_analyzer's CSV as a dict (column name -> string)."""
+    with open(csv_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"no rows in {csv_path}")
+    return rows[0]
+
+
+def _us_to_ms(row: dict, *names: str) -> float:
+    for name in names:
+        if row.get(name) not in (None, ""):
+            return float(row[name]) / 1000.0
+    return float("nan")
+
+
+def point_from_row(mode: str, concurrency: int, max_tokens: int, row: dict) -> LoadPoint:
+    rps = float(row["Inferences/Second"])
+    avg = sum(_us_to_ms(row, c) for c in ("Client Send", "Network+Server Send/Recv", "Client Recv")
+              if row.get(c) not in (None, ""))
+    return LoadPoint(mode, concurrency, rps, rps * max_tokens, _us_to_ms(row, "p50 latency"),
+                     _us_to_ms(row, "p99 latency"), avg if avg else _us_to_ms(row, "Avg latency"), row)
+
+
+def run_point(grpc_url: str, prompts: list[Prompt], mode: str, concurrency: int, max_tokens: int,
+              work_dir: Path, extra: dict | None = None, window_requests: int = WINDOW_REQUESTS,
+              timeout_s: float = POINT_TIMEOUT_S) -> LoadPoint:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    data = write_input_data(work_dir / f"input_{mode}.json", prompts, mode, max_tokens, extra)
+    csv_path = work_dir / f"perf_{mode}_c{concurrency}.csv"
+    cmd = perf_command(grpc_url, data, csv_path, concurrency, window_requests)
+    proc = subprocess.run(cmd, env=perf_env(), capture_output=True, text=True, timeout=timeout_s)
+    (work_dir / f"perf_{mode}_c{concurrency}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not csv_path.exists():
+        raise RuntimeError(f"perf_analyzer failed (rc {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+    return point_from_row(mode, concurrency, max_tokens, parse_csv(csv_path))
+
+
+def sweep(grpc_url: str, prompts: list[Prompt], modes=DEFAULT_MODES, concurrencies=DEFAULT_CONCURRENCY,
+          max_tokens: int = 32, work_dir: Path = Path("perf"), extra: dict | None = None,
+          window_requests: int = WINDOW_REQUESTS, log=print) -> list[dict]:
+    """Every (mode, concurrency) point; a failing point is recorded with its error, not raised."""
+    points = []
+    for c in concurrencies:            # concurrency outer, modes inner: drift hits modes alike
+        for mode in modes:
+            try:
+                p = asdict(run_point(grpc_url, prompts, mode, c, max_tokens, work_dir,
+                                     (extra or {}).get(mode), window_requests))
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+                p = {"mode": mode, "concurrency": c, "error": str(exc)[-500:]}
+            log(f"load {mode} c={c}: " + (f"{p['throughput_rps']:.3f} req/s p99 {p['p99_latency_ms']:.0f} ms"
+                                          if "error" not in p else f"error {p['error'][-200:]}"))
+            points.append(p)
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tokenrouter_backend.client.load --url HOST:PORT``: the sweep alone, written to OUT/load.json."""
+    import argparse
+
+    from .workloads import ALL_WORKLOADS, load_workloads
+
+    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.client.load", description=main.__doc__)
+    p.add_argument("--url", required=True, help="gRPC host:port")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES))
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
+    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+    p.add_argument("--per-workload", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--window", type=int, default=WINDOW_REQUESTS)
+    p.add_argument("--route-threshold", type=float, default=0.8)
+    p.add_argument("--out", type=Path, default=Path("bench_out"))
+    a = p.parse_args(argv)
+    prompts = load_workloads(a.workloads.split(","), per_workload=a.per_workload)
+    points = sweep(a.url, prompts, a.modes.split(","), [int(c) for c in a.concurrency.split(",")], a.max_tokens,
+                   a.out / "perf", {"route": {"confidence_threshold": a.route_threshold}}, a.window,
+                   lambda m: print(m, flush=True))
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "load.json").write_text(json.dumps(points, indent=1))
+    return 0 if all("error" not in pt for pt in points) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Pure acceptance math: which drafted tokens stand, and the token that follows them.
+
+Greedy verification (Leviathan et al. 2023, temperature 0): a draft token stands while it
+equals the heavy model's argmax at its position; the heavy model's argmax after the last
+standing token is the correction (or, if all stood, the bonus token). The result is
+token-identical to heavy-only greedy decoding.
+
+Speculative sampling (temperature > 0): draft x_i ~ q_i stands with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection the next token is drawn from
+norm(max(0, p_i - q_i)); if all stand, the bonus is drawn from p_{d}. The output is
+distributed exactly as sampling from the heavy model alone.
+
+Route rollback (BiLD, Kim et al. 2023): among tokens the light model committed unchecked,
+the first one the heavy model strongly rejects (not its choice, and given probability
+below the rollback threshold) is replaced by the heavy choice and everything after it is
+dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenrouter_backend.core.sampling import position_rng
+
+ACCEPT_STREAM = 1  # rng stream for acceptance draws (stream 0 = the branches' token draws)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying a block of drafts."""
+
+    accepted: int  # how many leading drafts stand
+    next_token: int  # correction (first rejection) or bonus (all stood)
+    bonus: bool = False  # every draft stood; next_token is the free extra token
+
+
+def accept_greedy(drafts: np.ndarray, heavy_choices: np.ndarray) -> Verdict:
+    """drafts [d]; heavy_choices [d + 1] = heavy argmax before each draft and after the last."""
+    d = len(drafts)
+    assert len(heavy_choices) == d + 1, "heavy must score every draft position plus one"
+    mismatch = np.nonzero(np.asarray(drafts) != np.asarray(heavy_choices[:d]))[0]
+    accepted = int(mismatch[0]) if mismatch.size else d
+    return Verdict(accepted, int(heavy_choices[accepted]), bonus=accepted == d)
+
+
+def accept_speculative(
+    drafts: np.ndarray, q: np.ndarray, p: np.ndarray, seed: int, first_position: int
+) -> Verdict:
+    """drafts [d] sampled from q [d, V]; p [d + 1, V] the heavy's processed distributions.
+
+    ``first_position`` is the sequence position of drafts[0]; draws are seeded by position
+    so a result does not depend on batching or timing.
+    """
+    d = len(drafts)
+    for i, x in enumerate(drafts):
+        rng = position_rng(seed, first_position + i, ACCEPT_STREAM)
+        px, qx = float(p[i, x]), float(q[i, x])
+        # accept with probability min(1, p(x)/q(x)); qx > 0 since x was drawn from q
+        if rng.random() * qx <= px:
+            continue
+        residual = np.maximum(p[i] - q[i], 0.0)
+        total = residual.sum()
+        # p == q up to rounding: any draw from p is exact
+        dist = residual / total if total > 0 else p[i]
+        return Verdict(i, _draw(dist, rng))
+    rng = position_rng(seed, first_position + d, ACCEPT_STREAM)
+    return Verdict(d, _draw(p[d], rng), bonus=True)
+
+
+def _draw(dist: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(dist, dtype=np.float64)
+    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(dist) - 1)
+
+
+def first_strong_rejection(
+    committed: np.ndarray, heavy_choices: np.ndarray, heavy_probs_of_committed: np.ndarray, threshold: float
+) -> int | None:
+    """Index of the first committed token the heavy model strongly rejects, else None.
+
+    committed [u]: tokens the light model committed unchecked; heavy_choices [u]: the heavy
+    model's own choice at each of those positions; heavy_probs_of_committed [u]: the
+    probability the heavy model gave to the committed token there.
+    """
+    rejected = (np.asarray(committed) != np.asarray(heavy_choices)) & (
+        np.asarray(heavy_probs_of_committed) < threshold
+    )
+    idx = np.nonzero(rejected)[0]
+    return int(idx[0]) if idx.size else None

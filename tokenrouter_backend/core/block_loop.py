@@ -1,0 +1,399 @@
+"""The block loop for one request: which branch produces each block of tokens.
+
+    while not done:
+        heavy | light : that branch generates the block itself (k tokens per call)
+        verify        : light drafts <= k tokens; heavy scores them all in one forward;
+                        the agreeing prefix + heavy's own next token are committed
+        route         : light drafts; confident tokens are committed unchecked; at the first
+                        unconfident token heavy scores everything it has not seen, rolls
+                        back to the first token it strongly rejects, and supplies the token
+        emit the tokens no later rollback can touch
+
+KV bookkeeping is explicit: a ``BranchView`` records exactly which tokens its branch session
+holds, so each call sends only what the branch has not seen and truncates (``keep_len``)
+whatever is not a prefix of the committed text any more (rejected drafts, rollbacks).
+Framework-free: branches are ``Branch`` objects, output goes through an ``emit`` callback.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from tokenrouter_backend.core import policy
+from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
+from tokenrouter_backend.core.branch import Branch
+from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, Sampling, SessionMissing
+from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_HEAVY, ACTION_LIGHT, ACTION_VERIFY, BlockHooks, BlockRecord
+from tokenrouter_backend.core.params import RouterParams
+from tokenrouter_backend.core.stats import HEAVY, LIGHT, RequestStats
+from tokenrouter_backend.core.stopping import StopCriteria, find_stop
+
+# emit(new_final_tokens, stats, finished) -> awaitable or None
+Emit = Callable[[list, RequestStats, bool], "Awaitable[None] | None"]
+
+
+class RequestCancelled(Exception):
+    """The client cancelled or went away; the loop stopped between blocks."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request as the core sees it (python scalars only)."""
+
+    prompt: tuple[int, ...]
+    params: RouterParams
+    end_id: int | None = None
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def stop(self) -> StopCriteria:
+        return StopCriteria(self.params.max_tokens, self.end_id, self.stop_sequences)
+
+
+class BranchView:
+    """One branch as one request sees it: the tokens its KV session holds, its timings."""
+
+    def __init__(self, branch: Branch, session_id: int, stats: RequestStats):
+        self.branch = branch
+        self.session_id = session_id
+        self.stats = stats
+        self.cache: list[int] = []  # exactly the tokens in the branch's session
+        self.opened = False
+
+    def synced_len(self, tokens: list[int]) -> int:
+        """Cached tokens still valid: common prefix with ``tokens``, leaving >= 1 to send."""
+        n = min(len(self.cache), len(tokens) - 1)
+        i = 0
+        while i < n and self.cache[i] == tokens[i]:
+            i += 1
+        return i
+
+    async def step(self, tokens: list[int], extra=(), **op_fields) -> tuple[BranchResult, int]:
+        """Send tokens[keep:] + extra; returns the result and how many tokens were sent."""
+        keep = self.synced_len(tokens)
+        inputs = list(tokens[keep:]) + [int(t) for t in extra]
+        try:
+            result = await self._timed(BranchOp(self.session_id, keep, tuple(inputs), **op_fields))
+        except SessionMissing:
+            # expired (TTL/LRU) under us: re-prefill from scratch once
+            keep, inputs = 0, list(tokens) + [int(t) for t in extra]
+            result = await self._timed(BranchOp(self.session_id, 0, tuple(inputs), **op_fields))
+        drafted = [int(t) for t in result.tokens[len(inputs) - 1 :]]
+        self.cache = self.cache[:keep] + inputs + drafted[:-1]
+        return result, len(inputs)
+
+    async def _timed(self, op: BranchOp) -> BranchResult:
+        self.opened = True
+        t0 = time.perf_counter()
+        try:
+            return await self.branch.step(op)
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            if self.branch.name == HEAVY:
+                self.stats.heavy_calls += 1
+                self.stats.heavy_ms += ms
+            else:
+                self.stats.light_calls += 1
+                self.stats.light_ms += ms
+
+    def record_forward(self, result: BranchResult) -> None:
+        if self.branch.name == HEAVY:
+            self.stats.heavy_forward_ms += result.forward_ms
+        else:
+            self.stats.light_forward_ms += result.forward_ms
+
+
+class BlockLoop:
+    """Request-scoped state and the per-mode block functions."""
+
+    def __init__(self, request: GenerationRequest, light: Branch, heavy: Branch, session_id: int | None = None,
+                 hooks: BlockHooks | None = None, request_id: str = ""):
+        self.request = request
+        self.params = request.params
+        self.base_params = request.params  # what the request asked for; hooks may adjust per block
+        self.hooks = hooks
+        self.request_id = request_id
+        self._note: dict = {}  # facts about the current block, for the BlockRecord
+        self.stats = RequestStats(mode=self.params.mode, prompt_tokens=len(request.prompt))
+        sid = session_id if session_id is not None else random.getrandbits(63)
+        self.light = BranchView(light, sid, self.stats)
+        self.heavy = BranchView(heavy, sid, self.stats)
+        self.tokens: list[int] = list(request.prompt)
+        self.sources: list[str] = []  # branch of each generated token
+        self.prompt_len = len(request.prompt)
+        self.verified_len = self.prompt_len  # route: tokens the heavy model has vouched for
+        self.final_len = self.prompt_len  # tokens no rollback can touch (streamable)
+        self.block = self.params.block_size
+        # a stop sequence may start in tokens already generated: hold back len - 1 of them
+        self.stop_holdback = max((len(s) - 1 for s in request.stop_sequences), default=0)
+        self.done = False
+        self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p, self.params.random_seed)
+
+    # ---- committing -------------------------------------------------------------------
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - self.generated
+
+    def commit(self, new, source: str) -> int:
+        """Append tokens from ``source``; apply stop rules; returns how many stayed."""
+        if self.done:
+            return 0
+        start = self.generated
+        self.tokens.extend(int(t) for t in new)
+        self.sources.extend([source] * len(new))
+        stop = find_stop(self.tokens[self.prompt_len :], start, self.request.stop)
+        if stop is not None:
+            self._truncate(self.prompt_len + stop.keep)
+            self.done = True
+            self.stats.finish_reason = stop.reason
+        return self.generated - start
+
+    def _truncate(self, length: int) -> None:
+        del self.tokens[length:]
+        del self.sources[length - self.prompt_len :]
+
+    # ---- modes ------------------------------------------------------------------------
+    async def single_branch_block(self, view: BranchView, source: str) -> None:
+        """heavy / light mode: the branch drafts the whole block itself."""
+        k = min(self.block, self.remaining)
+        result, n = await view.step(self.tokens, draft_len=k, sampling=self.sampling)
+        view.record_forward(result)
+        self.commit(result.tokens[n - 1 :], source)
+
+    async def verify_block(self) -> None:
+        """Light drafts, heavy checks all drafts in one forward (lossless)."""
+        k = min(self.block, self.remaining - 1)  # heavy adds one token of its own
+        if k < 1:
+            return await self.single_branch_block(self.heavy, HEAVY)
+        want_dist = not self.sampling.greedy
+        lres, ln = await self.light.step(
+            self.tokens, draft_len=k, min_confidence=self.params.draft_confidence_threshold,
+            sampling=self.sampling, return_dist=want_dist,
+        )
+        self.light.record_forward(lres)
+        drafts = lres.tokens[ln - 1 :]
+        d = len(drafts)
+        hres, _ = await self.heavy.step(self.tokens, extra=drafts, sampling=self.sampling, return_dist=want_dist)
+        self.heavy.record_forward(hres)
+        # heavy's choice before each draft and after the last one: the last d + 1 positions
+        if want_dist:
+            verdict = accept_speculative(
+                drafts, lres.dist[-d:], hres.dist[-(d + 1) :], self.sampling.seed, len(self.tokens)
+            )
+        else:
+            verdict = accept_greedy(drafts, hres.tokens[-(d + 1) :])
+        self.stats.verify_blocks += 1
+        self.stats.drafts_proposed += d
+        self.stats.drafts_accepted += verdict.accepted
+        if self.hooks is not None:
+            known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
+            self._note = dict(action=ACTION_VERIFY, drafted=drafts, confidence=lres.token_probs[ln - 1 :],
+                              entropy=lres.entropy[ln - 1 :], committed_light=verdict.accepted,
+                              heavy_agree=[i < verdict.accepted for i in range(known)],
+                              heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
+        self.commit(drafts[: verdict.accepted], LIGHT)
+        self.commit([verdict.next_token], HEAVY)
+        self.block = policy.next_block_size(self.params, self.block, d, verdict.accepted)
+
+    async def route_block(self) -> None:
+        """Light commits what it is sure of; heavy checks the rest where it is not (BiLD).
+
+        Confident drafts (top-1 prob >= confidence_threshold, entropy <= entropy_threshold)
+        are committed unchecked. If any draft is unsure, one heavy forward scores everything
+        it has not seen: the unchecked tokens (rollback to the first one it strongly
+        rejects) and the unsure drafts (verified exactly as in verify mode).
+        """
+        p = self.params
+        k = min(self.block, self.remaining)
+        want_dist = not self.sampling.greedy
+        lres, ln = await self.light.step(
+            self.tokens, draft_len=k, min_confidence=p.draft_confidence_threshold,
+            sampling=self.sampling, return_dist=want_dist,
+        )
+        self.light.record_forward(lres)
+        drafts = lres.tokens[ln - 1 :]
+        confident = policy.confident_prefix(lres.token_probs[ln - 1 :], lres.entropy[ln - 1 :], p)
+        self.stats.drafts_proposed += len(drafts)
+        kept = self.commit(drafts[:confident], LIGHT)
+        unsure = drafts[confident:] if not self.done else drafts[:0]
+        if self.hooks is not None:
+            self._note = dict(action=ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
+                              confidence=lres.token_probs[ln - 1 :], entropy=lres.entropy[ln - 1 :], committed_light=kept)
+        accepted = confident
+        if len(unsure):
+            q = lres.dist[-len(unsure) :] if want_dist else None
+            accepted += await self.heavy_check(unsure, q)
+        self.block = policy.next_block_size(p, self.block, len(drafts), accepted)
+
+    async def heavy_check(self, unsure, q) -> int:
+        """One heavy forward over unchecked tokens + unsure drafts; returns drafts accepted."""
+        want_dist = q is not None
+        hres, n = await self.heavy.step(self.tokens, extra=unsure, sampling=self.sampling, return_dist=want_dist)
+        self.heavy.record_forward(hres)
+        m = len(unsure)
+        first_input = len(self.tokens) - (n - m)
+        if self.hooks is not None:
+            self._note_route_verdicts(hres, first_input)
+        # result index i is heavy's verdict on the token at position first_input + 1 + i
+        start = max(self.verified_len, self.final_len, first_input + 1)
+        lo, hi = start - first_input - 1, len(self.tokens) - first_input - 1
+        reject = first_strong_rejection(
+            np.asarray(self.tokens[start:]), hres.tokens[lo:hi], hres.input_probs[lo:hi], self.params.rollback_threshold
+        )
+        accepted = 0
+        if reject is not None:
+            position = start + reject
+            self.stats.rollbacks += 1
+            self.stats.rolled_back_tokens += len(self.tokens) - position
+            self._truncate(position)
+            self.commit([hres.tokens[lo + reject]], HEAVY)
+        else:
+            if want_dist:
+                verdict = accept_speculative(unsure, q, hres.dist[-(m + 1) :], self.sampling.seed, len(self.tokens))
+            else:
+                verdict = accept_greedy(unsure, hres.tokens[-(m + 1) :])
+            self.stats.verify_blocks += 1
+            accepted = verdict.accepted
+            self.commit(unsure[:accepted], LIGHT)
+            self.commit([verdict.next_token], HEAVY)
+        self.verified_len = len(self.tokens)
+        return accepted
+
+    def _note_route_verdicts(self, hres: BranchResult, first_input: int) -> None:
+        """Heavy's verdict on every token drafted in this block (all were sent to heavy)."""
+        note, end = self._note, len(self.tokens)
+        drafted, kept = note.get("drafted", ()), note.get("committed_light", 0)
+        agree, probs = [], []
+        for i in range(len(drafted)):
+            q = end - kept + i  # sequence position of drafted[i]
+            j = q - first_input - 1  # heavy result index of its choice at q
+            if j < 0:
+                agree, probs = [], []  # heavy did not score this one: keep only a full suffix
+                continue
+            agree.append(int(hres.tokens[j]) == int(drafted[i]))
+            probs.append(float(hres.input_probs[j]))
+        note["heavy_agree"], note["heavy_prob"] = agree, probs
+
+    # ---- driver -----------------------------------------------------------------------
+    async def run_block(self) -> None:
+        if self.hooks is None:
+            return await self._run_block(self.params.mode)
+        plan = self.hooks.plan(self.base_params, self.block)
+        self.params, self.block = plan.params, plan.block
+        before = (self.generated, self.stats.heavy_calls, self.stats.heavy_ms, self.stats.heavy_forward_ms,
+                  self.stats.light_ms, self.stats.rolled_back_tokens, time.perf_counter(), self.block)
+        self._note = {}
+        await self._run_block(plan.mode)
+        self.hooks.after_block(self._record(plan.mode, before))
+
+    def _record(self, mode: str, before: tuple) -> BlockRecord:
+        generated, heavy_calls, heavy_ms, heavy_fwd, light_ms, rolled, t0, block = before
+        n, s = self._note, self.stats
+        default_action = ACTION_HEAVY if mode in ("heavy", "verify") else ACTION_LIGHT
+        agree = tuple(bool(a) for a in n.get("heavy_agree", ()))
+        return BlockRecord(
+            request_id=self.request_id, position=generated, mode=mode, action=n.get("action", default_action),
+            block_size=block, drafted=tuple(int(t) for t in n.get("drafted", ())),
+            confidence=tuple(round(float(x), 5) for x in n.get("confidence", ())),
+            entropy=tuple(round(float(x), 5) for x in n.get("entropy", ())),
+            committed_light=int(n.get("committed_light", 0)), heavy_agree=agree,
+            heavy_prob=tuple(round(float(x), 5) for x in n.get("heavy_prob", ()))[: len(agree)],
+            rolled_back=s.rolled_back_tokens - rolled, heavy_calls=s.heavy_calls - heavy_calls,
+            heavy_ms=s.heavy_ms - heavy_ms, heavy_forward_ms=s.heavy_forward_ms - heavy_fwd,
+            light_ms=s.light_ms - light_ms, latency_ms=(time.perf_counter() - t0) * 1e3,
+            committed=self.generated - generated,
+        )
+
+    async def _run_block(self, mode: str) -> None:
+        if mode == "heavy":
+            await self.single_branch_block(self.heavy, HEAVY)
+        elif mode == "light":
+            await self.single_branch_block(self.light, LIGHT)
+        elif mode == "verify":
+            await self.verify_block()
+        else:
+            await self.route_block()
+        if self.remaining <= 0 and not self.done:
+            self.done = True
+            self.stats.finish_reason = "length"
+
+    def advance_final(self) -> list[int]:
+        """Tokens that just became final (no rollback can reach them)."""
+        if self.done:
+            new_final = len(self.tokens)
+        else:
+            new_final = len(self.tokens) - self.stop_holdback
+            if self.params.mode == "route":
+                new_final = min(new_final, max(self.verified_len, len(self.tokens) - self.params.rollback_window))
+        new_final = max(new_final, self.final_len)
+        out = self.tokens[self.final_len : new_final]
+        self.final_len = new_final
+        return out
+
+    def finish_stats(self, started: float) -> RequestStats:
+        s = self.stats
+        s.generated_tokens = self.generated
+        s.light_tokens = self.sources.count(LIGHT)
+        s.heavy_tokens = self.sources.count(HEAVY)
+        if self.params.mode == "route":
+            s.drafts_accepted = s.light_tokens
+        s.total_ms = (time.perf_counter() - started) * 1e3
+        s.router_overhead_ms = max(0.0, s.total_ms - s.light_ms - s.heavy_ms)
+        return s
+
+    async def release(self) -> None:
+        for view in (self.light, self.heavy):
+            if view.opened:
+                await view.branch.release(view.session_id)
+
+
+async def generate(
+    request: GenerationRequest,
+    light: Branch,
+    heavy: Branch,
+    emit: Emit,
+    is_cancelled: Callable[[], bool] = lambda: False,
+    session_id: int | None = None,
+    hooks: BlockHooks | None = None,
+    request_id: str = "",
+) -> RequestStats:
+    """Run one request to completion, calling ``emit`` whenever tokens become final.
+
+    ``emit(tokens, stats, finished)`` is called with finished=True exactly once, last.
+    Both branch sessions are released whatever happens (error, cancellation).
+    """
+    started = time.perf_counter()
+    loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id)
+    try:
+        while not loop.done:
+            if is_cancelled():
+                raise RequestCancelled("request cancelled by the client")
+            await loop.run_block()
+            if loop.done:
+                break
+            new = loop.advance_final()
+            if new:
+                if not loop.stats.first_token_ms:
+                    loop.stats.first_token_ms = (time.perf_counter() - started) * 1e3
+                await _maybe_await(emit(new, loop.stats, False))
+        new = loop.advance_final()
+        stats = loop.finish_stats(started)
+        if not stats.first_token_ms:
+            stats.first_token_ms = stats.total_ms
+        await _maybe_await(emit(new, stats, True))
+        return stats
+    finally:
+        await loop.release()
+
+
+async def _maybe_await(value) -> None:
+    if value is not None:
+        await value

@@ -1,0 +1,78 @@
+"""What the block loop tells operations code about each block, and what it may be told back.
+
+The loop stays framework-free and knows nothing of logs, metrics or load: when a request
+runs with a ``BlockHooks`` object, the loop asks ``plan`` before every block (the
+operations layer may shrink the block, relax a threshold or switch mode for that block)
+and hands ``after_block`` a frozen ``BlockRecord`` afterwards. Hooks run on the event
+loop between blocks, so they must be quick and must never block (queue, don't write).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenrouter_backend.core.params import RouterParams
+
+# BlockRecord.action values
+ACTION_LIGHT = "light"  # light generated the block itself (mode light)
+ACTION_HEAVY = "heavy"  # heavy generated the block itself (mode heavy, or drafting stopped)
+ACTION_VERIFY = "verify"  # light drafted, heavy checked every draft
+ACTION_ACCEPT = "accept"  # route: every draft confident, committed unchecked
+ACTION_FALLBACK = "fallback"  # route: confident prefix committed, heavy called at the first unsure token
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One light token whose heavy verdict is known at the same prefix."""
+
+    confidence: float  # light top-1 probability of the token
+    entropy: float  # light entropy at that position (nats)
+    agree: bool  # heavy's own choice there is the same token
+    heavy_prob: float  # probability heavy gave the light token (nan when unknown)
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """One block of one request (one decision-log line)."""
+
+    request_id: str
+    position: int  # generated tokens before this block
+    mode: str  # mode this block ran in (after any plan change)
+    action: str  # ACTION_*
+    block_size: int  # k asked of the drafting branch
+    drafted: tuple[int, ...]  # light drafts (empty for heavy/light blocks)
+    confidence: tuple[float, ...]  # per drafted token
+    entropy: tuple[float, ...]  # per drafted token
+    committed_light: int  # drafts that stood (accepted / committed)
+    heavy_agree: tuple[bool, ...]  # per drafted token with a known verdict, in order
+    heavy_prob: tuple[float, ...]  # heavy prob of those drafted tokens (same length)
+    rolled_back: int  # tokens removed by a rollback in this block
+    heavy_calls: int
+    heavy_ms: float  # awaiting heavy (hop + queue + forward)
+    heavy_forward_ms: float
+    light_ms: float
+    latency_ms: float  # whole block, wall
+    committed: int  # tokens added to the output by this block (after rollbacks)
+
+    def verdicts(self) -> list[Verdict]:
+        return [
+            Verdict(self.confidence[i], self.entropy[i], agree, self.heavy_prob[i])
+            for i, agree in enumerate(self.heavy_agree)
+        ]
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """What the next block runs with."""
+
+    params: RouterParams
+    block: int  # block size k for this block
+    mode: str  # usually params.mode; "heavy" when drafting is suspended (verify)
+
+
+class BlockHooks(Protocol):
+    """Per-request hooks; both are optional in effect (return the input, do nothing)."""
+
+    def plan(self, params: RouterParams, block: int) -> BlockPlan: ...
+
+    def after_block(self, record: BlockRecord) -> None: ...

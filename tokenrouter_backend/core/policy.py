@@ -1,0 +1,26 @@
+"""Routing decisions that need no model: block-size schedule and the route confidence test."""
+from __future__ import annotations
+
+import numpy as np
+
+from tokenrouter_backend.core.params import RouterParams
+
+
+def next_block_size(params: RouterParams, current: int, drafted: int, accepted: int) -> int:
+    """Block size for the next block (transformers' "heuristic" schedule when enabled).
+
+    All drafts accepted -> draft 2 more next time; any rejected -> 1 fewer; bounded by
+    [1, max_block_size]. The fixed schedule keeps the request's block_size.
+    """
+    if params.block_schedule == "fixed":
+        return params.block_size
+    if drafted and accepted >= drafted:
+        return min(current + 2, params.max_block_size)
+    return max(1, current - 1)
+
+
+def confident_prefix(probs: np.ndarray, entropies: np.ndarray, params: RouterParams) -> int:
+    """How many leading light tokens may be committed without the heavy model (route)."""
+    ok = (np.asarray(probs) >= params.confidence_threshold) & (np.asarray(entropies) <= params.entropy_threshold)
+    bad = np.nonzero(~ok)[0]
+    return int(bad[0]) if bad.size else len(ok)

@@ -1,0 +1,263 @@
+"""Executes ``BranchOp`` steps (see ``branch_protocol``) with batched forwards over KV sessions.
+
+``BranchEngine.run(ops)`` serves every op Triton handed one ``execute()``: releases, then
+truncation, then ONE batched forward over all ops' new tokens (past left-padded, new tokens
+right-padded, per-row position ids), then batched one-token forwards for the ops still
+drafting. One op's failure (bad keep_len, missing session, too long) fails only that op.
+Framework-free: the model is anything with ``info`` (``ModelInfo``) and ``forward`` like
+``OnnxCausalLM`` (or ``torch_lm.TorchCausalLM``); a model with ``kv_arrays`` keeps the
+store's KV buffers in that array kind (torch tensors on its device), else numpy.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokenrouter_backend.core import sampling as smp
+from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult
+from tokenrouter_backend.engine.kv_store import KVShape, KVStore, Session
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of one branch engine (config.pbtxt parameters of heavy/light)."""
+
+    max_draft_len: int = 16  # longest draft one step may ask for (bounds a call's latency)
+    session_ttl_s: float = 600.0  # an idle session is dropped after this (vanished clients)
+    kv_cache_budget_mb: float = 2048.0  # LRU-evict idle sessions above this much KV memory
+    max_batch: int = 32  # ops per batched forward; more are run in further forwards
+
+    def __post_init__(self):
+        if self.max_draft_len < 0 or self.max_batch < 1 or self.session_ttl_s <= 0 or self.kv_cache_budget_mb <= 0:
+            raise ValueError(f"invalid EngineConfig {self}")
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.kv_cache_budget_mb * (1 << 20))
+
+
+@dataclass
+class _Work:
+    """One op in flight (engine-internal, mutable)."""
+
+    index: int
+    op: BranchOp
+    session: Session
+    tokens: list = field(default_factory=list)  # per forward: int32 [rows]
+    probs: list = field(default_factory=list)
+    entropy: list = field(default_factory=list)
+    dists: list = field(default_factory=list)
+    input_probs: np.ndarray | None = None
+    drafted: int = 0
+    forward_ms: float = 0.0
+    batch_size: int = 0
+
+    def last(self, arrays: list) -> float:
+        return float(arrays[-1][-1])
+
+    def wants_more(self, max_len: int) -> bool:
+        """Drafting goes on: budget left, last draft confident, room to feed it."""
+        op = self.op
+        return (0 < self.drafted < op.draft_len
+                and self.last(self.probs) >= op.min_confidence
+                and self.last(self.entropy) <= op.max_entropy
+                and self.session.length < max_len)
+
+
+class BranchEngine:
+    """Runs lists of ``BranchOp`` on one model and its KV store."""
+
+    def __init__(self, model, store: KVStore | None = None, config: EngineConfig = EngineConfig(),
+                 name: str = "branch"):
+        self.model = model
+        self.config = config
+        self.name = name
+        self.max_len = model.info.max_position_embeddings
+        self.store = store or KVStore(KVShape.from_info(model.info), config.session_ttl_s,
+                                      config.budget_bytes, name=name,
+                                      arrays=getattr(model, "kv_arrays", None))
+        self.last_batch_sizes: list[int] = []  # batch size of each forward of the last run()
+        self.last_forward_ms: list[float] = []  # and its duration
+        self._pinned: set[int] = set()
+
+    # ---- public ------------------------------------------------------------------
+    def run(self, ops: list[BranchOp]) -> list[BranchResult | Exception]:
+        """Serve ops; result i is the BranchResult or the exception of ops[i]."""
+        self.last_batch_sizes, self.last_forward_ms = [], []
+        self.store.expire()
+        results: list = [None] * len(ops)
+        self._pinned = {op.session_id for op in ops}  # never LRU-evicted during this run
+        for wave in _waves(ops):
+            releases = [i for i in wave if ops[i].release]
+            for i in releases:
+                self.store.release(ops[i].session_id)
+                results[i] = _empty_result()
+            steps = [i for i in wave if not ops[i].release]
+            for start in range(0, len(steps), self.config.max_batch):
+                self._run_group(ops, steps[start:start + self.config.max_batch], results)
+        return results
+
+    # ---- one group of ops on distinct sessions -----------------------------------
+    def _run_group(self, ops: list[BranchOp], indices: list[int], results: list) -> None:
+        works = []
+        for i in indices:
+            try:
+                works.append(self._prepare(i, ops[i]))
+            except BranchError as exc:
+                results[i] = exc
+        if not works:
+            return
+        try:
+            self._extend(works)
+            drafting = [w for w in works if w.wants_more(self.max_len)]
+            while drafting:
+                self._draft_step(drafting)
+                drafting = [w for w in drafting if w.wants_more(self.max_len)]
+        except Exception as exc:  # noqa: BLE001 - a model failure fails this group only
+            err = BranchError(f"{self.name}: forward failed: {type(exc).__name__}: {exc}")
+            for w in works:
+                results[w.index] = err
+            return
+        finally:
+            self.store.evict_to_budget(self._pinned)
+        for w in works:
+            results[w.index] = self._result(w)
+
+    def _prepare(self, index: int, op: BranchOp) -> _Work:
+        """Validate an op, open and truncate its session, reserve room for the whole step."""
+        n = len(op.input_ids)
+        if n < 1:
+            raise BranchError(f"{self.name}: input_ids needs at least one token")
+        vocab = self.model.info.vocab_size
+        if min(op.input_ids) < 0 or max(op.input_ids) >= vocab:
+            bad = next(t for t in op.input_ids if not 0 <= t < vocab)
+            raise BranchError(f"{self.name}: input_ids holds token {bad}, outside the vocabulary 0..{vocab - 1}")
+        if not 0 <= op.draft_len <= self.config.max_draft_len:
+            raise BranchError(f"{self.name}: draft_len {op.draft_len} outside 0..{self.config.max_draft_len}")
+        if op.keep_len + n > self.max_len:
+            raise BranchError(
+                f"{self.name}: session {op.session_id} would hold keep_len {op.keep_len} + {n} new "
+                f"tokens = {op.keep_len + n}, more than the model's {self.max_len} positions")
+        session = self.store.open(op.session_id, op.keep_len)
+        need = min(op.keep_len + n + max(op.draft_len - 1, 0), self.max_len)
+        self.store.reserve(session, need)
+        return _Work(index, op, session)
+
+    # ---- forwards ----------------------------------------------------------------
+    def _extend(self, works: list[_Work]) -> None:
+        """The one batched forward over all new tokens; scores every new position."""
+        positions = [w.session.length for w in works]
+        ids = [np.asarray(w.op.input_ids, dtype=np.int64) for w in works]
+        logits = self._forward(works, ids)
+        for row, w in enumerate(works):
+            n = len(ids[row])
+            weights, scale = self._score(w, logits[row, :n], positions[row] + 1 + np.arange(n))
+            w.input_probs = (weights[np.arange(n - 1), ids[row][1:]] * scale[:-1]).astype(np.float32)
+            w.batch_size = len(works)
+            w.drafted = 1 if w.op.draft_len > 0 else 0
+
+    def _draft_step(self, works: list[_Work]) -> None:
+        """Feed each drafting op its last drafted token; score the next one."""
+        ids = [np.array([w.tokens[-1][-1]], dtype=np.int64) for w in works]
+        logits = self._forward(works, ids)
+        for row, w in enumerate(works):
+            self._score(w, logits[row, :1], np.array([w.session.length + 1]))
+            w.drafted += 1
+
+    def _forward(self, works: list[_Work], ids: list[np.ndarray]) -> np.ndarray:
+        """One model forward over the works' sessions (appends their new KV); logits [B, S, V]."""
+        sessions = [w.session for w in works]
+        batch = len(sessions)
+        lens = np.array([s.length for s in sessions])
+        news = np.array([len(x) for x in ids])
+        past_len, new_len = int(lens.max()), int(news.max())
+        input_ids = np.zeros((batch, new_len), dtype=np.int64)  # right-padded
+        mask = np.zeros((batch, past_len + new_len), dtype=np.int64)
+        for b in range(batch):
+            input_ids[b, : news[b]] = ids[b]
+            mask[b, past_len - lens[b]: past_len + news[b]] = 1  # left-padded past, then new
+        # padded new positions continue the row's count, clipped to the model's range
+        position_ids = np.minimum(lens[:, None] + np.arange(new_len)[None, :], self.max_len - 1)
+        past = self.store.gather(sessions) if past_len else self.model.empty_past(batch)
+        t0 = time.perf_counter()
+        logits, new_kv = self.model.forward(input_ids, mask, position_ids, past)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.last_batch_sizes.append(batch)
+        self.last_forward_ms.append(ms)
+        for b, w in enumerate(works):
+            self.store.append(w.session, new_kv, b, int(news[b]))
+            w.forward_ms += ms
+        return logits
+
+    # ---- scoring -----------------------------------------------------------------
+    def _score(self, w: _Work, logits: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Choose a token per row; record choice, its probability, entropy (and dist).
+
+        Returns (weights [rows, V], scale [rows]): the distribution is weights * scale, so
+        greedy rows never divide the full vocabulary unless a dist is asked for.
+        """
+        sampling = w.op.sampling
+        if sampling.greedy:
+            chosen, weights, scale, ent = _greedy_rows(logits)
+            token_probs = scale  # the top-1 weight is exp(0) = 1
+        else:
+            weights = smp.processed_probs(logits, sampling)  # the only full-vocab softmax
+            scale = np.ones(len(weights), dtype=np.float32)
+            chosen = smp.choose(weights, sampling, positions)
+            token_probs = weights[np.arange(len(chosen)), chosen]
+            ent = smp.entropy(weights)
+        w.tokens.append(chosen.astype(np.int32))
+        w.probs.append(token_probs.astype(np.float32))
+        w.entropy.append(ent.astype(np.float32))
+        if w.op.return_dist:
+            w.dists.append(weights * scale[:, None])
+        return weights, scale
+
+    def _result(self, w: _Work) -> BranchResult:
+        return BranchResult(
+            tokens=np.concatenate(w.tokens).astype(np.int32),
+            token_probs=np.concatenate(w.probs),
+            entropy=np.concatenate(w.entropy),
+            input_probs=w.input_probs,
+            session_len=w.session.length,
+            dist=np.concatenate(w.dists).astype(np.float32, copy=False) if w.op.return_dist else None,
+            forward_ms=w.forward_ms,
+            batch_size=w.batch_size,
+        )
+
+
+def _greedy_rows(logits: np.ndarray):
+    """Softmax facts of logits [rows, V] in one exp pass: argmax, exp(z), 1/sum, entropy.
+
+    With z = logits - rowmax, p = exp(z) / S, S = sum exp(z): top-1 p = 1/S and the entropy
+    -sum p log p = log S - sum(exp(z) z) / S (no log over the vocabulary).
+    """
+    rows = np.arange(len(logits))
+    top = logits.argmax(axis=-1)
+    z = logits - logits[rows, top][:, None]  # float32 copy; the max is at 0
+    weights = np.exp(z)
+    total = weights.sum(axis=-1)
+    ent = np.log(total) - np.einsum("ij,ij->i", weights, z) / total
+    return top, weights, (1.0 / total).astype(np.float32), ent
+
+
+def _waves(ops: list[BranchOp]) -> list[list[int]]:
+    """Split op indices into waves of distinct sessions, keeping each session's order."""
+    waves: list[list[int]] = []
+    seen: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        k = seen.get(op.session_id, 0)
+        seen[op.session_id] = k + 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(i)
+    return waves
+
+
+def _empty_result() -> BranchResult:
+    empty_i = np.zeros(0, dtype=np.int32)
+    empty_f = np.zeros(0, dtype=np.float32)
+    return BranchResult(tokens=empty_i, token_probs=empty_f, entropy=empty_f, input_probs=empty_f,
+                        session_len=0, batch_size=0)

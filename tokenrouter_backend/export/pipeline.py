@@ -1,0 +1,372 @@
+"""``tokenrouter export``: a heavy/light pair (HF folders or GGUF files) -> ONNX branches,
+validated, and (with a template) a filled Triton model repository.
+
+Branch ONNX files are built in a work directory (default ``.<OUT name>.build`` beside OUT) with one stamp per
+branch (hash of the source's files + the options that shape that branch); a branch whose
+stamp matches is reused, so a second run does no work. The demo export keeps its work
+directory in the data cache and later repositories hard-link from it.
+
+``--runtime torch`` skips ONNX: each branch directory gets the weights as an HF folder
+(``hf/``: config.json + safetensors, FP16 with ``--device cuda``) and a model.json, served by
+``tokenrouter_backend.engine.torch_lm`` (light too runs FP16/FP32 there, not INT8).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
+
+from . import quantize
+from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
+from .repository import fill_repository
+from .sources import (Source, document_end_ids, fingerprint, load_model, load_tokenizer, resolve_source,
+                      tokenizer_differences)
+from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
+
+EXPORTER_VERSION = 1  # bump when the ONNX produced for the same inputs changes
+DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_repository"
+DEVICES = ("cpu", "cuda")
+RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF folders for torch_lm
+HF_DIR = "hf"  # the HF folder inside a torch-runtime branch directory
+LIGHT_QUANT_CHOICES = (quantize.AUTO, *quantize.QUANT_MODES, "none")
+BENCH_PAST = 128  # past length of the decode-step timings that pick the light quantization
+STAMP = "stamp.json"
+TOKENIZER_DIR = "tokenizer"
+CPU_FP32_NOTE = ("heavy is FP32 on CPU: ONNX Runtime has no fast FP16 CPU kernels; "
+                 "FP16 is used with --device cuda")
+
+
+class TokenizerMismatch(ValueError):
+    """Heavy and light tokenizers differ (message says what differs)."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Options of one export; defaults are the CLI defaults."""
+
+    device: str = "cpu"  # cpu: heavy FP32; cuda: heavy FP16 (KV float16)
+    runtime: str = "onnx"  # onnx | torch (see the module docstring)
+    light_quant: str = quantize.AUTO  # see tokenrouter_backend.export.quantize; "none" keeps the light FP32
+    threads: int = 0  # ONNX Runtime intra-op threads per branch (0 = ORT default)
+    skip_validation: bool = False
+    max_context: int = 0  # 0 = min of the two models' max_position_embeddings
+    template: Path | None = DEFAULT_TEMPLATE  # None: build the ONNX branches only
+    work_dir: Path | None = None  # None: default_work_dir(OUT)
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {DEVICES}; got {self.device!r}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"--runtime must be one of {RUNTIMES}; got {self.runtime!r}")
+        if self.light_quant not in LIGHT_QUANT_CHOICES:
+            raise ValueError(f"--light-quant must be one of {LIGHT_QUANT_CHOICES}; got {self.light_quant!r}")
+
+
+@dataclass
+class BranchBuild:
+    """What the branch export did (kept in its stamp and in export.json)."""
+
+    role: str
+    directory: str
+    source: str
+    precision: str
+    onnx_bytes: int = 0
+    load_s: float = 0.0
+    export_s: float = 0.0
+    quantize_s: float = 0.0
+    validation: dict | None = None
+    quant_candidates: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    skipped: bool = False
+
+
+def _stamp_key(source: Source, role: str, options: ExportOptions) -> str:
+    shaping = {"v": EXPORTER_VERSION, "role": role, "src": fingerprint(source), "device": options.device,
+               "validate": not options.skip_validation}
+    if role == "light":
+        shaping["quant"] = [options.light_quant, quantize.AUTO_AGREEMENT_SLACK, quantize.NBITS_BLOCK_SIZE]
+    if options.runtime != "onnx":  # onnx stamps stay as they were before runtimes existed
+        shaping["runtime"] = options.runtime
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _reuse(branch_dir: Path, key: str) -> BranchBuild | None:
+    stamp = branch_dir / STAMP
+    if not stamp.is_file() or not (onnx_files(branch_dir) or (branch_dir / HF_DIR / "config.json").is_file()):
+        return None
+    data = json.loads(stamp.read_text())
+    if data.get("key") != key:
+        return None
+    return BranchBuild(**{**data["build"], "skipped": True})
+
+
+def _save_stamp(branch_dir: Path, key: str, build: BranchBuild) -> None:
+    (branch_dir / STAMP).write_text(json.dumps({"key": key, "build": asdict(build)}, indent=2) + "\n")
+
+
+def _fresh(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _export_fp(source, tokenizer, out_dir: Path, half: bool, build: BranchBuild):
+    """Load, compute reference logits, export; returns (prompts, refs)."""
+    t0 = time.perf_counter()
+    model = load_model(source)
+    build.load_s = round(time.perf_counter() - t0, 2)
+    prompts = list(prompt_ids(tokenizer))
+    refs = reference_logits(model, prompts)
+    info = model_info(model, precision="fp16" if half else "fp32",
+                      kv_dtype="float16" if half else "float32", source=str(source.path))
+    t0 = time.perf_counter()
+    export_model(model, _fresh(out_dir), half=half)
+    build.export_s = round(time.perf_counter() - t0, 2)
+    write_info(info, out_dir)
+    del model
+    gc.collect()
+    return prompts, refs
+
+
+def save_hf(model, out_dir: Path) -> None:
+    """config.json + safetensors; GGUF-loaded models refuse save_pretrained: state_dict instead."""
+    try:
+        model.save_pretrained(out_dir)
+    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError for GGUF-loaded models
+        from safetensors.torch import save_file
+
+        print(f"save_pretrained refused ({exc}); writing the state_dict", file=sys.stderr)
+        model.config.save_pretrained(out_dir)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def export_torch_branch(source: Source, tokenizer, work: Path, role: str, options: ExportOptions) -> BranchBuild:
+    """Torch runtime: the weights as an HF folder + model.json, validated by a prefill."""
+    import torch
+
+    from .validate import validate_torch
+
+    out_dir = work / role
+    key = _stamp_key(source, role, options)
+    reused = _reuse(out_dir, key)
+    if reused:
+        return reused
+    half = options.device == "cuda"
+    dtype = "float16" if half else "float32"
+    build = BranchBuild(role, str(out_dir), str(source.path), "fp16" if half else "fp32")
+    build.notes.append(f"torch runtime: {dtype} on {options.device}" + ("; no INT8 on torch" if role == "light" else ""))
+    t0 = time.perf_counter()
+    model = load_model(source)
+    build.load_s = round(time.perf_counter() - t0, 2)
+    prompts = list(prompt_ids(tokenizer))
+    refs = reference_logits(model, prompts)
+    info = model_info(model, precision=build.precision, kv_dtype=dtype, source=str(source.path))
+    t0 = time.perf_counter()
+    _fresh(out_dir)
+    save_hf(model.to(torch.float16) if half else model, out_dir / HF_DIR)
+    write_info(info, out_dir)
+    build.export_s = round(time.perf_counter() - t0, 2)
+    del model
+    gc.collect()
+    if not options.skip_validation:
+        build.validation = validate_torch(out_dir, refs, prompts, build.precision, options.device).to_dict()
+    build.onnx_bytes = sum(f.stat().st_size for f in (out_dir / HF_DIR).iterdir())
+    _save_stamp(out_dir, key, build)
+    return build
+
+
+def export_heavy(source: Source, tokenizer, work: Path, options: ExportOptions) -> BranchBuild:
+    """Heavy branch: FP32 (cpu) or FP16 (cuda), validated."""
+    if options.runtime == "torch":
+        return export_torch_branch(source, tokenizer, work, "heavy", options)
+    out_dir = work / "heavy"
+    key = _stamp_key(source, "heavy", options)
+    reused = _reuse(out_dir, key)
+    if reused:
+        return reused
+    half = options.device == "cuda"
+    build = BranchBuild("heavy", str(out_dir), str(source.path), "fp16" if half else "fp32")
+    if not half:
+        build.notes.append(CPU_FP32_NOTE)
+    prompts, refs = _export_fp(source, tokenizer, out_dir, half, build)
+    if not options.skip_validation:
+        build.validation = validate_onnx(out_dir, refs, prompts, build.precision, options.device).to_dict()
+    build.onnx_bytes = onnx_bytes(out_dir)
+    _save_stamp(out_dir, key, build)
+    return build
+
+
+def measure_candidate(model_dir: Path, refs, prompts, options: ExportOptions) -> dict:
+    """Top-1 agreement and decode-step ms (batch 1 and 8, past BENCH_PAST) of one quantized model."""
+    from .measure import onnx_step_ms
+
+    precision = ModelInfo.load(model_dir / INFO_FILE).precision
+    report = validate_onnx(model_dir, refs, prompts, precision, options.device, check=False).to_dict()
+    lm = OnnxCausalLM(model_dir, device=options.device, intra_op_threads=options.threads)
+    return {"top1_agreement": report["top1_agreement"], "validation": report,
+            "step_ms_b1": round(onnx_step_ms(lm, 1, BENCH_PAST), 2),
+            "step_ms_b8": round(onnx_step_ms(lm, 8, BENCH_PAST), 2),
+            "onnx_bytes": onnx_bytes(model_dir)}
+
+
+def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) -> BranchBuild:
+    """Light branch: FP32 export, then INT8 per ``options.light_quant`` (auto: measured pick)."""
+    if options.runtime == "torch":
+        return export_torch_branch(source, tokenizer, work, "light", options)
+    out_dir = work / "light"
+    key = _stamp_key(source, "light", options)
+    reused = _reuse(out_dir, key)
+    if reused:
+        return reused
+    fp32_dir = work / "light-fp32"
+    build = BranchBuild("light", str(out_dir), str(source.path), "fp32")
+    prompts, refs = _export_fp(source, tokenizer, fp32_dir, False, build)
+    if options.light_quant == "none":
+        _fresh(out_dir)
+        for f in onnx_files(fp32_dir) + [fp32_dir / INFO_FILE]:
+            shutil.move(str(f), out_dir / f.name)
+        if not options.skip_validation:
+            build.validation = validate_onnx(out_dir, refs, prompts, "fp32", options.device).to_dict()
+    else:
+        _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build)
+    shutil.rmtree(fp32_dir, ignore_errors=True)
+    build.onnx_bytes = onnx_bytes(out_dir)
+    _save_stamp(out_dir, key, build)
+    return build
+
+
+def _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build: BranchBuild) -> None:
+    modes = quantize.QUANT_MODES if options.light_quant == quantize.AUTO else (options.light_quant,)
+    t0 = time.perf_counter()
+    for mode in modes:
+        cand = fp32_dir.parent / f"light-{mode}"
+        quantize.quantize_light(fp32_dir, cand, mode)
+        build.quant_candidates[mode] = measure_candidate(cand, refs, prompts, options)
+        gc.collect()
+    build.quantize_s = round(time.perf_counter() - t0, 2)
+    chosen = quantize.pick_fastest(build.quant_candidates) if len(modes) > 1 else modes[0]
+    build.precision = quantize.PRECISION_NAMES[chosen]
+    build.validation = build.quant_candidates[chosen]["validation"]
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    (fp32_dir.parent / f"light-{chosen}").rename(out_dir)
+    for mode in modes:
+        shutil.rmtree(fp32_dir.parent / f"light-{mode}", ignore_errors=True)
+    if not options.skip_validation and not build.validation.get("passed"):
+        raise ValidationError(f"light {chosen}: {build.validation}")
+
+
+def check_tokenizers(heavy_tok, light_tok) -> None:
+    diffs = tokenizer_differences(heavy_tok, light_tok)
+    if diffs:
+        raise TokenizerMismatch("heavy and light must share one tokenizer: " + "; ".join(diffs))
+
+
+def save_tokenizer(tokenizer, work: Path) -> Path:
+    out = _fresh(work / TOKENIZER_DIR)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: Path,
+                       options: ExportOptions, stop_ids: list[int] = ()) -> dict:
+    """The ``${name}`` values of the repository templates."""
+    h_info = ModelInfo.load(work / "heavy" / INFO_FILE)
+    l_info = ModelInfo.load(work / "light" / INFO_FILE)
+    max_ctx = options.max_context or min(h_info.max_position_embeddings, l_info.max_position_embeddings)
+    return {
+        "heavy_device": options.device, "light_device": options.device,
+        "heavy_runtime": options.runtime, "light_runtime": options.runtime,
+        "heavy_threads": options.threads, "light_threads": options.threads,
+        "max_context": max_ctx, "end_id": tokenizer.eos_token_id, "vocab_size": h_info.vocab_size,
+        "stop_token_ids": ",".join(str(i) for i in stop_ids),
+        "heavy_precision": heavy.precision, "light_precision": light.precision,
+    }
+
+
+def default_work_dir(out: Path) -> Path:
+    """Beside OUT, hidden, so Triton never sees it as a model: ``.<name>.build``."""
+    return out.parent / f".{out.name}.build"
+
+
+def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOptions()) -> dict:
+    """Export a pair; returns the export report (also OUT/export.json when a template is used)."""
+    t0 = time.perf_counter()
+    heavy_source, light_source = resolve_source(heavy_src), resolve_source(light_src)
+    tokenizer = load_tokenizer(heavy_source)
+    check_tokenizers(tokenizer, load_tokenizer(light_source))
+    out = Path(out).expanduser()
+    work = Path(options.work_dir).expanduser() if options.work_dir else default_work_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    tok_dir = save_tokenizer(tokenizer, work)
+    heavy = export_heavy(heavy_source, tokenizer, work, options)
+    light = export_light(light_source, tokenizer, work, options)
+    values = placeholder_values(heavy, light, tokenizer, work, options, document_end_ids(heavy_source, tokenizer))
+    report = {"exporter_version": EXPORTER_VERSION, "options": {k: str(v) for k, v in asdict(options).items()},
+              "placeholders": values, "heavy": asdict(heavy), "light": asdict(light),
+              "total_s": round(time.perf_counter() - t0, 2)}
+    if options.template is not None:
+        fill_repository(options.template, out, values, {"heavy": work / "heavy", "light": work / "light"},
+                        tok_dir, report)
+    else:
+        (work / "export.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``tokenrouter export``."""
+    parser.add_argument("--heavy", required=True, help="heavy model: HF folder or .gguf file")
+    parser.add_argument("--light", required=True, help="light model: HF folder or .gguf file (same tokenizer)")
+    parser.add_argument("--out", required=True, type=Path, help="model repository to write")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="cpu: heavy FP32 (no fast FP16 CPU kernels in ONNX Runtime); cuda: heavy FP16")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="onnx",
+                        help="onnx: ONNX branches (default); torch: HF folders run by torch (KV on the GPU)")
+    parser.add_argument("--light-quant", choices=LIGHT_QUANT_CHOICES, default=quantize.AUTO,
+                        help="light INT8 mode; auto = fastest at equal top-1 agreement (default)")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per branch (0 = default)")
+    parser.add_argument("--max-context", type=int, default=0, help="0 = the models' max positions")
+    parser.add_argument("--skip-validation", action="store_true", help="do not compare with transformers")
+    parser.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE, help="model repository template")
+    parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where branch ONNX is built (default .OUT.build beside OUT)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry of ``tokenrouter export``; returns the exit status."""
+    try:
+        options = ExportOptions(
+            device=args.device, runtime=args.runtime, light_quant=args.light_quant, threads=args.threads,
+            skip_validation=args.skip_validation, max_context=args.max_context,
+            template=None if args.onnx_only else args.template, work_dir=args.work_dir,
+        )
+        report = export_pair(args.heavy, args.light, args.out, options)
+    except (TokenizerMismatch, ValidationError, ValueError, FileNotFoundError) as err:
+        print(f"tokenrouter export: {err}", file=sys.stderr)
+        return 1
+    for role in ("heavy", "light"):
+        b = report[role]
+        state = "up to date" if b["skipped"] else f"exported in {b['export_s']} s"
+        print(f"{role}: {b['precision']} ({options.runtime}), {b['onnx_bytes'] / 1e6:.1f} MB, {state}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenrouter export", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Operating the router: admission (roll-back switch, A/B arm), per-request hooks, recording.
+
+``Operations`` is built once from the router's config.pbtxt parameters and holds the
+server-wide pieces: metrics, decision log, override watcher, load controller and the
+conservative start. ``admit`` decides a request's mode and arm and builds its hooks;
+``finish``/``fail`` record it. No pb_utils import: the metrics recorder gets it injected.
+
+Mode precedence: roll-back switch (override file) > client's explicit ``router_mode`` >
+A/B arm (``request`` arm runs heavy) > configured ``mode``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from tokenrouter_backend.operations.ab import ARM_EXPLICIT, ARM_OVERRIDE, ARM_REQUEST, BASELINE_MODE, choose_arm, request_key
+from tokenrouter_backend.operations.decision_log import DEFAULT_BACKUPS, DecisionLog
+from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
+from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
+from tokenrouter_backend.operations.override import DEFAULT_CHECK_MS, OverrideWatcher
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
+from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.operations.threshold_control import ConservativeConfig, ConservativeStart, DynamicConfig, DynamicThreshold
+
+
+@dataclass(frozen=True)
+class OpsConfig:
+    """Top-level operations parameters (config.pbtxt, documented in docs/operations.md)."""
+
+    metrics: bool = True  # Prometheus router metrics
+    ab_route_percent: float = 100.0  # % of requests on token-level routing; rest heavy-only
+    override_file: str = ""  # roll-back switch file; "" = off
+    override_check_ms: float = float(DEFAULT_CHECK_MS)  # stat() the file at most this often
+    decision_log_path: str = ""  # JSON-lines decision log; "" = off
+    decision_log: bool = False  # log every request (else only requests with input decision_log)
+    decision_log_max_mb: float = 64.0  # rotate at this size
+    decision_log_backups: int = DEFAULT_BACKUPS  # rotated files kept
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What admission needs from one request (python values, read by the glue)."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    explicit_mode: bool  # the client set router_mode
+    decision_log: bool | None = None  # input decision_log
+    dynamic_quantile: float | None = None  # input dynamic_threshold_quantile
+
+
+@dataclass(frozen=True)
+class Admission:
+    params: RouterParams
+    arm: str
+    request_id: str
+    hooks: "RequestHooks | None" = None
+
+
+class Operations:
+    def __init__(self, parameters: Mapping[str, str], defaults: RouterDefaults, pb_utils=None,
+                 warn: Callable[[str], None] = lambda m: None):
+        self.config = dataclass_from_config(OpsConfig, parameters)
+        self.load_config = dataclass_from_config(LoadConfig, parameters, "load_")
+        self.dynamic_config = dataclass_from_config(DynamicConfig, parameters, "dynamic_threshold_")
+        c = self.config
+        if not 0.0 <= c.ab_route_percent <= 100.0:
+            raise InvalidRequest(f"config parameter ab_route_percent must be in [0, 100]; got {c.ab_route_percent}")
+        self.load = LoadController(self.load_config)
+        self.conservative = ConservativeStart(dataclass_from_config(ConservativeConfig, parameters, "conservative_"),
+                                              defaults.confidence_threshold)
+        self.override = OverrideWatcher(c.override_file, c.override_check_ms, warn=warn) if c.override_file else None
+        self.log = (DecisionLog(c.decision_log_path, int(c.decision_log_max_mb * (1 << 20)), c.decision_log_backups)
+                    if c.decision_log_path else None)
+        self.metrics = None
+        self._dropped_seen = {"log": 0, "metrics": 0}  # drop counts already sent to metrics
+        if c.metrics and pb_utils is not None:
+            from tokenrouter_backend.operations.metrics import RouterMetrics  # noqa: PLC0415 - only with a server
+            self.metrics = RouterMetrics(pb_utils)
+
+    def admit(self, info: RequestInfo, params: RouterParams) -> Admission:
+        forced = self.override.mode() if self.override else None
+        if forced:
+            mode, arm = forced, ARM_OVERRIDE
+        elif info.explicit_mode:
+            mode, arm = params.mode, ARM_EXPLICIT
+        else:
+            arm = choose_arm(request_key(info.request_id, info.prompt), self.config.ab_route_percent)
+            mode = BASELINE_MODE if arm == ARM_REQUEST else params.mode
+        if mode != params.mode:
+            params = dataclasses.replace(params, mode=mode)
+        log = self._wants_log(info.decision_log)
+        quantile = self._quantile(info.dynamic_quantile)
+        hooks = None
+        if log or quantile > 0 or self.load_config.control or self.conservative.config.start:
+            hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile))
+        return Admission(params, arm, info.request_id, hooks)
+
+    def _wants_log(self, asked: bool | None) -> bool:
+        if asked and self.log is None:
+            raise InvalidRequest("decision_log needs the router parameter decision_log_path to be set")
+        return self.log is not None and (asked if asked is not None else self.config.decision_log)
+
+    def _quantile(self, asked: float | None) -> float:
+        q = self.dynamic_config.quantile if asked is None else asked
+        if isinstance(q, bool) or not 0.0 <= float(q) < 1.0:
+            raise InvalidRequest(f"dynamic_threshold_quantile must be in [0, 1); got {q!r}")
+        return float(q)
+
+    def observe(self, record: BlockRecord) -> None:
+        self.load.observe(record)
+        self.conservative.observe(record)
+
+    def finish(self, admission: Admission, stats: RequestStats) -> None:
+        if self.metrics is not None:
+            self.metrics.submit(self._request_updates(admission, stats) + self._gauge_updates())
+
+    def fail(self, mode: str, arm: str, reason: str) -> None:
+        if self.metrics is not None:
+            from tokenrouter_backend.operations.metrics import failure_updates  # noqa: PLC0415
+            self.metrics.submit(failure_updates(mode, arm, reason) + self._gauge_updates())
+
+    def _request_updates(self, admission: Admission, stats: RequestStats) -> list:
+        from tokenrouter_backend.operations.metrics import request_updates  # noqa: PLC0415
+        return request_updates(stats, admission.arm)
+
+    def _gauge_updates(self) -> list:
+        forced = self.override.mode() if self.override else None
+        a = self.load.acceptance
+        out = [("tokenrouter_router_heavy_queue_ms", {}, self.load.queue_ms),
+               ("tokenrouter_router_acceptance_ratio", {}, -1.0 if a is None else a),
+               ("tokenrouter_router_load_level", {}, self.load.level if self.load_config.control else 0),
+               ("tokenrouter_router_route_threshold", {}, self.conservative.floor(self.conservative.target)),
+               ("tokenrouter_router_decision_log_dropped_total", {}, 0),
+               ("tokenrouter_router_metric_updates_dropped_total", {}, 0)]
+        out += [("tokenrouter_router_override_active", {"mode": m}, float(m == forced))
+                for m in ("heavy", "light", "verify", "route")]
+        out += self._dropped_increments()
+        return out
+
+    def _dropped_increments(self) -> list:
+        """Counters fed from plain ints owned by other threads: send only the increase."""
+        out, seen = [], self._dropped_seen
+        for key, name, now in (("log", "tokenrouter_router_decision_log_dropped_total", self.log.dropped if self.log else 0),
+                               ("metrics", "tokenrouter_router_metric_updates_dropped_total", self.metrics.dropped)):
+            if now > seen[key]:
+                out.append((name, {}, now - seen[key]))
+                seen[key] = now
+        return out
+
+    def close(self) -> None:
+        for part in (self.log, self.metrics):
+            if part is not None:
+                part.close()
+
+
+@dataclass
+class RequestHooks:
+    """One request's ``BlockHooks``: thresholds and load plan before, observers after."""
+
+    ops: Operations
+    log: bool
+    dynamic: DynamicThreshold
+    blocks: int = field(default=0)
+
+    def plan(self, params: RouterParams, block: int) -> BlockPlan:
+        self.blocks += 1
+        if params.mode == "route":
+            threshold = self.ops.conservative.floor(self.dynamic.threshold(params.confidence_threshold))
+            if threshold != params.confidence_threshold:
+                params = dataclasses.replace(params, confidence_threshold=threshold)
+        return self.ops.load.plan(params, block)
+
+    def after_block(self, record: BlockRecord) -> None:
+        self.dynamic.observe(record)
+        self.ops.observe(record)
+        if self.log and self.ops.log is not None:
+            self.ops.log.submit(record)

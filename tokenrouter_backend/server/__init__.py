@@ -1,0 +1,1 @@
+"""Running the wheel's tritonserver: backend directory preparation, log parsing, the process lifecycle; the data directory."""

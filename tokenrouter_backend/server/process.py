@@ -1,0 +1,327 @@
+"""One tritonserver process on a model repository: start, wait until ready, stop.
+
+``start()`` spawns the server in its own process group, ``wait_ready()`` polls
+``/v2/health/ready`` and raises `TritonServerError` (with each failing model's error text
+parsed from the log) if the server exits, a model fails to load or time runs out; ``stop()``
+sends SIGTERM, waits, then SIGKILLs the whole group so no stub survives. As a context
+manager it starts, waits and always stops. The backend directory and environment come from
+``install``; `tokenrouter serve` (``cli/serve.py``) is the command-line front end.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Sequence
+
+from tokenrouter_backend.server import paths
+from tokenrouter_backend.server.errors import TritonServerError
+from tokenrouter_backend.server.install import TritonInstall, prepare_backend_dir, server_environment
+from tokenrouter_backend.server.logs import parse_model_errors, tail
+from tokenrouter_backend.server.ports import LOOPBACK, free_ports
+
+MIB = 1024 * 1024
+# Our largest tensors: a processed distribution over the Qwen2.5 vocabulary (151936 float32)
+# for up to 17 positions (block size 16 + the bonus token) is 151936 * 4 * 17 ≈ 10.3 MB per
+# request. The Python backend's shared-memory region per model instance starts at the default
+# size and grows in growth-size steps; 64 MiB holds a batch of 6 such requests without growing.
+DEFAULT_SHM_BYTES = 64 * MIB
+DEFAULT_SHM_GROWTH_BYTES = 64 * MIB
+DEFAULT_READY_TIMEOUT_S = 300.0   # the demo pair (1.5B + 0.5B ONNX) needs minutes to load on 2 cores
+DEFAULT_EXIT_TIMEOUT_S = 10       # Triton's own grace for in-flight requests after SIGTERM
+STOP_EXTRA_GRACE_S = 10.0         # then this long more before the process group gets SIGKILL
+POLL_INTERVAL_S = 0.25
+HEALTH_REQUEST_TIMEOUT_S = 2.0
+PORT_RETRIES = 3                  # re-pick automatically chosen ports this often if one is taken
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")
+PR_SET_PDEATHSIG = 1              # linux/prctl.h
+
+PORT_IN_USE_RE = re.compile(r"already in use", re.IGNORECASE)
+
+
+class TritonServer:
+    """One tritonserver process on a model repository.
+
+    Ports left as ``None`` are picked free on loopback (re-picked if one is taken meanwhile).
+    ``model_control_mode`` is ``none`` (load everything at start), ``explicit`` (load
+    ``load_models``, default ``["*"]``, and allow `load_model`/`unload_model`) or ``poll``.
+    ``shm_default_bytes``/``shm_growth_bytes``: the Python backend's shared memory per model
+    instance (see DEFAULT_SHM_BYTES). ``log_path``: stdout+stderr of the server and its
+    stubs (appended). ``ready_timeout_s``: default of `wait_ready`.
+    """
+
+    def __init__(self, repository: Path | str, *, http_port: int | None = None,
+                 grpc_port: int | None = None, metrics_port: int | None = None,
+                 address: str = LOOPBACK, model_control_mode: str = "none",
+                 load_models: Sequence[str] | None = None,
+                 shm_default_bytes: int = DEFAULT_SHM_BYTES,
+                 shm_growth_bytes: int = DEFAULT_SHM_GROWTH_BYTES,
+                 log_path: Path | str | None = None, log_verbose: int = 0,
+                 ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+                 exit_timeout_s: int = DEFAULT_EXIT_TIMEOUT_S,
+                 terminate_with_parent: bool = True,
+                 extra_args: Sequence[str] = ()):
+        if model_control_mode not in MODEL_CONTROL_MODES:
+            raise ValueError(f"model_control_mode must be one of {MODEL_CONTROL_MODES}, "
+                             f"got {model_control_mode!r}")
+        self.repository = Path(repository).resolve()
+        self._requested_ports = (http_port, grpc_port, metrics_port)
+        self.http_port, self.grpc_port, self.metrics_port = self._pick_ports()
+        self.address = address
+        self.model_control_mode = model_control_mode
+        self.load_models = list(load_models) if load_models is not None else (
+            ["*"] if model_control_mode == "explicit" else [])
+        self.shm_default_bytes = shm_default_bytes
+        self.shm_growth_bytes = shm_growth_bytes
+        self.log_path = Path(log_path) if log_path else (
+            paths.log_dir() / f"tritonserver-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+        self.log_verbose = log_verbose
+        self.ready_timeout_s = ready_timeout_s
+        self.exit_timeout_s = exit_timeout_s
+        self.terminate_with_parent = terminate_with_parent
+        self.extra_args = list(extra_args)
+        self._proc: subprocess.Popen | None = None
+        self._log_offset = 0
+        self._lock = threading.Lock()
+
+    # ---- endpoints
+    @property
+    def _client_host(self) -> str:
+        return LOOPBACK if self.address in ("0.0.0.0", "") else self.address
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self._client_host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port, as tritonclient.grpc expects."""
+        return f"{self._client_host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # ---- lifecycle
+    def command(self, backend_dir: Path, install: TritonInstall) -> list[str]:
+        """The tritonserver command line."""
+        shm_prefix = f"tokenrouter_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        cmd = [
+            str(install.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backend_dir}",
+            f"--cache-directory={install.caches_dir}",
+            f"--model-control-mode={self.model_control_mode}",
+            f"--http-address={self.address}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}",
+            f"--backend-config=python,shm-default-byte-size={self.shm_default_bytes}",
+            f"--backend-config=python,shm-growth-byte-size={self.shm_growth_bytes}",
+            # unique shared-memory names: several servers may run on one machine
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        cmd += [f"--load-model={name}" for name in self.load_models]
+        return cmd + self.extra_args
+
+    def start(self) -> "TritonServer":
+        """Spawn the server (returns at once; see `wait_ready`).
+
+        With ``terminate_with_parent`` (default) the server gets SIGTERM when the *thread*
+        that called start() ends, so a killed launcher leaves no server behind — call it from
+        a long-lived thread (normally the main one).
+        """
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                raise TritonServerError(f"tritonserver already running (pid {self._proc.pid})")
+            if not self.repository.is_dir():
+                raise TritonServerError(f"model repository not found: {self.repository}")
+            install = TritonInstall.find()
+            backend_dir = prepare_backend_dir(install)
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+                self._log_offset = log.tell()
+                self._proc = subprocess.Popen(
+                    self.command(backend_dir, install), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env=server_environment(install),
+                    start_new_session=True,  # own process group: stop() kills stubs with it
+                    preexec_fn=_terminate_with_parent if self.terminate_with_parent else None)
+        return self
+
+    def wait_ready(self, timeout_s: float | None = None) -> "TritonServer":
+        """Block until ``/v2/health/ready`` answers 200; on failure stop and raise."""
+        timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        retries = PORT_RETRIES
+        while True:
+            if self._proc is None:
+                raise TritonServerError("tritonserver was not started")
+            code = self._proc.poll()
+            log_text = self.log_text()
+            errors = parse_model_errors(log_text)
+            if code is not None and not errors and retries > 0 and self._ports_automatic() \
+                    and PORT_IN_USE_RE.search(log_text):
+                retries -= 1
+                self.http_port, self.grpc_port, self.metrics_port = self._pick_ports()
+                self.start()
+                continue
+            if code is not None:
+                self._fail(f"tritonserver exited with code {code} before it was ready", errors)
+            if errors:
+                self._fail("tritonserver could not load every model", errors)
+            if self.is_ready():
+                return self
+            if time.monotonic() > deadline:
+                self._fail(f"tritonserver not ready after {timeout_s:.0f} s", errors)
+            time.sleep(POLL_INTERVAL_S)
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait, then SIGKILL the whole process group. Returns the exit code."""
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return None
+            pgid = proc.pid  # start_new_session: the server leads its own group
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(self.exit_timeout_s + STOP_EXTRA_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(pgid)
+            code = proc.wait()
+            _wait_group_gone(pgid, STOP_EXTRA_GRACE_S)
+            return code
+
+    def __enter__(self) -> "TritonServer":
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- queries
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def is_ready(self) -> bool:
+        return self._http_status("/v2/health/ready") == 200
+
+    def group_pids(self) -> list[int]:
+        """Live processes of the server's process group (server and its Python stubs)."""
+        return process_group_pids(self._proc.pid) if self._proc else []
+
+    def log_text(self) -> str:
+        """This run's part of the log file."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                return log.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def load_model(self, name: str) -> None:
+        """Load or reload a model (explicit model-control mode)."""
+        self._repository_call(name, "load")
+
+    def unload_model(self, name: str) -> None:
+        self._repository_call(name, "unload")
+
+    # ---- internals
+    def _pick_ports(self) -> tuple[int, int, int]:
+        auto = iter(free_ports(sum(p is None for p in self._requested_ports)))
+        http, grpc, metrics = (p if p is not None else next(auto) for p in self._requested_ports)
+        return http, grpc, metrics
+
+    def _ports_automatic(self) -> bool:
+        return any(p is None for p in self._requested_ports)
+
+    def _http_status(self, path: str) -> int | None:
+        try:
+            with urllib.request.urlopen(self.http_url + path, timeout=HEALTH_REQUEST_TIMEOUT_S) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def _repository_call(self, name: str, action: str) -> None:
+        url = f"{self.http_url}/v2/repository/models/{name}/{action}"
+        request = urllib.request.Request(url, data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.ready_timeout_s):
+                return
+        except urllib.error.HTTPError as err:
+            body = err.read().decode("utf-8", errors="replace")
+            raise TritonServerError(f"{action} of model '{name}' failed: HTTP {err.code} {body}",
+                                    parse_model_errors(self.log_text()), self.log_path) from err
+
+    def _fail(self, message: str, errors: dict[str, str]) -> None:
+        self.stop()
+        log_text = self.log_text()
+        errors = errors or parse_model_errors(log_text)
+        last_lines = tail(log_text)
+        if not errors and last_lines:
+            message = f"{message}; last log lines:\n{last_lines}"
+        raise TritonServerError(message, errors, self.log_path, last_lines)
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the launching thread dies (Linux prctl).
+
+    The server runs in its own session, so without this a launcher killed with SIGKILL
+    would leave tritonserver running.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: stop() remains the only way
+        pass
+
+
+def process_group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while process_group_pids(pgid) and time.monotonic() < deadline:
+        _kill_group(pgid)
+        time.sleep(POLL_INTERVAL_S)

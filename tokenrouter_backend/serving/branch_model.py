@@ -1,0 +1,230 @@
+"""Triton glue of the branch models ``heavy`` and ``light`` (Python backend, non-decoupled).
+
+``model_repository/{heavy,light}/1/model.py`` is one line importing ``TritonPythonModel``.
+``initialize`` parses config.pbtxt ``parameters`` once (``parse_params``) and loads the model
+(``runtime`` onnx: ``OnnxCausalLM``; torch: ``TorchCausalLM``, KV kept on its device); ``execute`` turns every request Triton batched into a ``BranchOp``, runs the engine
+ONCE for all of them and answers each request with its result or its own error. Sessions
+live in this instance: keep ``instance_group { count: 1 }``.
+"""
+from __future__ import annotations
+
+import json
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.core.branch_protocol import SessionMissing, op_from_arrays, result_to_arrays
+
+DEVICES = ("cpu", "cuda", "tensorrt")
+RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime; torch: transformers on torch
+TORCH_DEVICES = ("cpu", "cuda")
+DTYPES = ("auto", "float16", "float32", "bfloat16")  # torch runtime; auto: FP16 on cuda, FP32 on cpu
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32]
+FORWARD_MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+
+
+@dataclass(frozen=True)
+class BranchParams:
+    """config.pbtxt parameters of a branch model (defaults apply to absent keys)."""
+
+    onnx_dir: str = "."  # relative to the version directory: where model.onnx/model.json live
+    device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider; torch: cpu | cuda)
+    intra_op_threads: int = 0  # ONNX Runtime threads; 0 = its default (all cores)
+    runtime: str = "onnx"  # onnx | torch
+    hf_dir: str = "hf"  # torch runtime: HF folder (config.json + safetensors), relative to the version dir
+    dtype: str = "auto"  # torch runtime: auto | float16 | float32 | bfloat16
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
+    """The one parser of branch parameters; raises ValueError naming the key and value."""
+    known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
+             "kv_cache_budget_mb", "max_batch", "runtime", "hf_dir", "dtype"}
+    for key, value in raw.items():
+        if key not in known:
+            raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
+        if "${" in value:
+            raise ValueError(f"{branch}: parameter '{key}' is the unfilled placeholder {value!r}; "
+                             "run the exporter to fill the repository")
+
+    def num(key, kind, default, low):
+        if key not in raw:
+            return default
+        try:
+            value = kind(raw[key])
+        except ValueError:
+            raise ValueError(f"{branch}: parameter '{key}' must be a {kind.__name__}, got {raw[key]!r}") from None
+        if value < low:
+            raise ValueError(f"{branch}: parameter '{key}' must be >= {low}, got {raw[key]!r}")
+        return value
+
+    def choice(key, default, allowed):
+        value = raw.get(key, default)
+        if value not in allowed:
+            raise ValueError(f"{branch}: parameter '{key}' must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    runtime = choice("runtime", "onnx", RUNTIMES)
+    device = choice("device", "cpu", TORCH_DEVICES if runtime == "torch" else DEVICES)
+    dtype = choice("dtype", "auto", DTYPES)
+    d = EngineConfig()
+    engine = EngineConfig(
+        max_draft_len=num("max_draft_len", int, d.max_draft_len, 0),
+        session_ttl_s=num("session_ttl_s", float, d.session_ttl_s, 1e-3),
+        kv_cache_budget_mb=num("kv_cache_budget_mb", float, d.kv_cache_budget_mb, 1e-3),
+        max_batch=num("max_batch", int, d.max_batch, 1),
+    )
+    return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
+                        intra_op_threads=num("intra_op_threads", int, 0, 0), runtime=runtime,
+                        hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
+
+
+def load_model(params: BranchParams, version_dir: Path):
+    """The branch's causal LM for its runtime; returns (model, the directory it came from)."""
+    if params.runtime == "torch":
+        from tokenrouter_backend.engine.torch_lm import TorchCausalLM  # torch is heavy: import when a model loads
+
+        model_dir = (version_dir / params.hf_dir).resolve()
+        return TorchCausalLM(model_dir, device=params.device, dtype=params.dtype), model_dir
+    from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM  # onnxruntime is heavy: import when a model loads
+
+    model_dir = (version_dir / params.onnx_dir).resolve()
+    return OnnxCausalLM(model_dir, device=params.device, intra_op_threads=params.intra_op_threads), model_dir
+
+
+def _family(name: str, description: str, kind):
+    """A MetricFamily kept alive in _FAMILIES: pb_utils refuses Metrics whose family was freed."""
+    family = pb_utils.MetricFamily(name, description, kind)
+    _FAMILIES.append(family)
+    return family
+
+
+_FAMILIES: list = []
+
+
+class BranchMetrics:
+    """Prometheus families of one branch (labels {branch}); fed after every execute()."""
+
+    def __init__(self, branch: str):
+        labels = {"branch": branch}
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self.sessions = _family("tokenrouter_kv_sessions", "Live KV-cache sessions of a branch model",
+                                gauge).Metric(labels)
+        self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's KV-cache sessions",
+                                gauge).Metric(labels)
+        dropped = _family("tokenrouter_kv_dropped_sessions_total",
+                          "Sessions dropped without release (ttl or lru)", counter)
+        self.dropped = {r: dropped.Metric({**labels, "reason": r}) for r in ("ttl", "lru")}
+        self._seen = {"ttl": 0, "lru": 0}
+        self.batch = _histogram("tokenrouter_branch_batch_size", "Sessions per batched forward",
+                                BATCH_BUCKETS, labels)
+        self.forward_ms = _histogram("tokenrouter_branch_forward_ms", "Milliseconds per model forward",
+                                     FORWARD_MS_BUCKETS, labels)
+
+    def record(self, engine: BranchEngine) -> None:
+        store = engine.store
+        self.sessions.set(store.session_count)
+        self.kv_bytes.set(store.bytes_in_use)
+        for reason, total in (("ttl", store.expired), ("lru", store.evicted)):
+            if total > self._seen[reason]:
+                self.dropped[reason].increment(total - self._seen[reason])
+                self._seen[reason] = total
+        for size, ms in zip(engine.last_batch_sizes, engine.last_forward_ms):
+            self.batch.observe(size)
+            self.forward_ms.observe(ms)
+
+
+class _SumCount:
+    """Histogram stand-in (counters ``<name>_sum``/``<name>_count``) for stubs without HISTOGRAM."""
+
+    def __init__(self, name: str, description: str, labels: dict):
+        counter = pb_utils.MetricFamily.COUNTER
+        self.sum = _family(f"{name}_sum", description + " (sum)", counter).Metric(labels)
+        self.count = _family(f"{name}_count", description + " (count)", counter).Metric(labels)
+
+    def observe(self, value: float) -> None:
+        self.sum.increment(value)
+        self.count.increment(1)
+
+
+def _histogram(name: str, description: str, buckets: list, labels: dict):
+    kind = getattr(pb_utils.MetricFamily, "HISTOGRAM", None)
+    if kind is None:
+        return _SumCount(name, description, labels)
+    return _family(name, description, kind).Metric(labels, buckets=buckets)
+
+
+class TritonPythonModel:
+    """A branch model: one BranchEngine (ONNX model + KV sessions) per instance."""
+
+    def initialize(self, args: dict) -> None:
+        self.name = args["model_name"]
+        config = json.loads(args["model_config"])
+        raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.params = parse_params(raw, self.name)
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        model, model_dir = load_model(self.params, version_dir)
+        self.engine = BranchEngine(model, config=self.params.engine, name=self.name)
+        try:
+            self.metrics = BranchMetrics(self.name)
+        except Exception as exc:  # noqa: BLE001 - metrics off (--allow-metrics=false) must not stop serving
+            pb_utils.Logger.log_warn(f"{self.name}: metrics disabled: {exc}")
+            self.metrics = None
+        info = model.info
+        pb_utils.Logger.log_info(
+            f"{self.name}: loaded {model_dir} ({self.params.runtime}, {info.precision}, {info.num_layers} layers, vocab "
+            f"{info.vocab_size}, {info.max_position_embeddings} positions) on {self.params.device}; {self.params.engine}")
+
+    def execute(self, requests: list) -> list:
+        responses: list = [None] * len(requests)
+        ops, where = [], []
+        for i, request in enumerate(requests):
+            try:
+                ops.append(op_from_arrays(lambda name, r=request: _input(r, name)))
+                where.append(i)
+            except ValueError as exc:
+                responses[i] = _error(f"{self.name}: {exc}")
+        try:
+            results = self.engine.run(ops)
+        except Exception as exc:  # noqa: BLE001 - an engine bug fails this batch, not the server
+            pb_utils.Logger.log_error(f"{self.name}: engine failed:\n{traceback.format_exc()}")
+            results = [RuntimeError(f"{self.name}: internal error: {type(exc).__name__}: {exc}")] * len(ops)
+        for i, result in zip(where, results):
+            responses[i] = _error(_message(result)) if isinstance(result, Exception) else _response(result)
+        self._record_metrics()
+        return responses
+
+    def _record_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.record(self.engine)
+        except Exception as exc:  # noqa: BLE001 - observability never fails a request
+            pb_utils.Logger.log_warn(f"{self.name}: metrics disabled after error: {exc}")
+            self.metrics = None
+
+    def finalize(self) -> None:
+        sessions = self.engine.store.session_count
+        pb_utils.Logger.log_info(f"{self.name}: unloading with {sessions} live sessions")
+
+
+def _input(request, name: str):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def _response(result):
+    tensors = [pb_utils.Tensor(name, array) for name, array in result_to_arrays(result).items()]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _message(exc: Exception) -> str:
+    # the router (BLS or remote) recognises an expired session by its class name
+    return f"{exc} [SessionMissing]" if isinstance(exc, SessionMissing) else str(exc)
+
+
+def _error(message: str):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))

@@ -1,0 +1,58 @@
+"""Router inputs (Triton tensors) -> ``GenerationRequest``: the field -> tensor map.
+
+Names follow the TensorRT-LLM ensemble (``max_tokens``, ``temperature``, ...); router knobs
+are optional inputs named after ``RouterParams`` fields. Limits that need the prompt (the
+context length) are checked here.
+"""
+from __future__ import annotations
+
+from tokenrouter_backend.core.block_loop import GenerationRequest
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.stopping import split_stop_ids
+from tokenrouter_backend.serving.tensors import input_array, input_scalar
+
+# request field -> router input tensor name
+OPTIONAL_INPUTS = {
+    "max_tokens": "max_tokens",
+    "stream": "stream",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "random_seed": "random_seed",
+    "router_mode": "router_mode",
+    "block_size": "block_size",
+    "block_schedule": "block_schedule",
+    "confidence_threshold": "confidence_threshold",
+    "entropy_threshold": "entropy_threshold",
+    "rollback_threshold": "rollback_threshold",
+    "rollback_window": "rollback_window",
+    "draft_confidence_threshold": "draft_confidence_threshold",
+}
+PROMPT_INPUT = "INPUT_ID"
+STOP_INPUT = "STOP_IDS"
+END_ID_INPUT = "END_ID"
+
+
+def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: str | None = None) -> GenerationRequest:
+    """Build the core request; raises InvalidRequest naming the field."""
+    given = {field: input_scalar(pb_utils, request, name) for field, name in OPTIONAL_INPUTS.items()}
+    if override_mode:
+        given["router_mode"] = override_mode
+    params = defaults.request_params(given)
+    prompt = input_array(pb_utils, request, PROMPT_INPUT)
+    if prompt is None or prompt.size == 0:
+        raise InvalidRequest("text_input must not be empty")
+    prompt_ids = tuple(int(t) for t in prompt.reshape(-1))
+    if len(prompt_ids) + params.max_tokens > defaults.max_context:
+        raise InvalidRequest(
+            f"text_input is {len(prompt_ids)} tokens and max_tokens is {params.max_tokens}: "
+            f"together they must fit the context of {defaults.max_context} tokens"
+        )
+    stops = input_array(pb_utils, request, STOP_INPUT)
+    end_id = input_scalar(pb_utils, request, END_ID_INPUT)
+    return GenerationRequest(
+        prompt=prompt_ids,
+        params=params,
+        end_id=None if end_id is None or end_id < 0 else int(end_id),
+        stop_sequences=split_stop_ids([] if stops is None else stops.reshape(-1).tolist()),
+    )

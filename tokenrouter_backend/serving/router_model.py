@@ -1,0 +1,125 @@
+"""Triton glue of the ``router`` model (Python backend, decoupled, async BLS).
+
+``execute`` starts one coroutine per request and returns; each coroutine runs the block
+loop against the heavy/light branches and streams final token ids (plus routing stats)
+to postprocessing. Every request ends with exactly one COMPLETE_FINAL response: the
+last tokens, an error naming the field or branch, or a cancellation.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import traceback
+
+import numpy as np
+
+from tokenrouter_backend.core.block_loop import RequestCancelled, generate
+from tokenrouter_backend.branches.bls import BlsBranch
+from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
+from tokenrouter_backend.core.branch_protocol import BranchError
+from tokenrouter_backend.core.detokenize import stream_window
+from tokenrouter_backend.operations.admission import Operations
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.serving.request import parse_request
+from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.serving.tensors import config_parameters, error_response
+from tokenrouter_backend.serving.request_info import request_info
+
+OUTPUT_IDS = "OUTPUT_IDS"
+PREFIX_LEN = "PREFIX_LEN"
+IS_FINAL = "IS_FINAL"
+ROUTING_STATS = "ROUTING_STATS"
+
+
+class ResponseWriter:
+    """Turns emitted final tokens into router responses (streamed windows or one answer)."""
+
+    def __init__(self, pb_utils, sender, stream: bool):
+        self.pb, self.sender, self.stream = pb_utils, sender, stream
+        self.tokens: list[int] = []
+        self.sent = 0  # tokens already covered by a response
+
+    def emit(self, tokens, stats: RequestStats, finished: bool) -> None:
+        self.tokens.extend(int(t) for t in tokens)
+        if not finished and (not self.stream or len(self.tokens) == self.sent):
+            return
+        window, prefix = stream_window(self.tokens, self.sent) if self.stream else (self.tokens, 0)
+        self.sent = len(self.tokens)
+        pb = self.pb
+        response = pb.InferenceResponse(output_tensors=[
+            pb.Tensor(OUTPUT_IDS, np.asarray(window, dtype=np.int32).reshape(1, -1)),
+            pb.Tensor(PREFIX_LEN, np.array([[prefix]], dtype=np.int32)),
+            pb.Tensor(IS_FINAL, np.array([[finished]], dtype=bool)),
+            pb.Tensor(ROUTING_STATS, np.array([[stats.to_json().encode()]], dtype=np.object_)),
+        ])
+        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if finished else 0
+        self.sender.send(response, flags=flags)
+
+
+class RouterModel:
+    """The router model; ``pb_utils`` injected so tests can drive it with a stub."""
+
+    def __init__(self, pb_utils, args: dict):
+        self.pb = pb_utils
+        self.defaults = RouterDefaults.from_config(config_parameters(args))
+        self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
+        self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
+        self.light = BlsBranch("light", self.defaults.light_model, pb_utils)
+        self.heavy = self._heavy_branch()
+        self.inflight: set[asyncio.Task] = set()
+
+    def _heavy_branch(self):
+        """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
+        url = resolve_heavy_url(self.defaults.heavy_url)
+        if not url:
+            return BlsBranch("heavy", self.defaults.heavy_model, self.pb)
+        self.logger.log_info(f"router: heavy branch is remote at {url}")
+        return RemoteBranch("heavy", url, model=self.defaults.heavy_model)
+
+    async def execute(self, requests) -> None:
+        loop = asyncio.get_running_loop()
+        for request in requests:
+            task = loop.create_task(self.serve(request))
+            self.inflight.add(task)
+            task.add_done_callback(self.inflight.discard)
+        return None
+
+    async def serve(self, request) -> None:
+        pb = self.pb
+        sender = request.get_response_sender()
+        mode, arm, reason = self.defaults.mode, "", "error"  # labels if it fails before admission
+        try:
+            gen_request = parse_request(pb, request, self.defaults)
+            admission = self.ops.admit(request_info(pb, request), gen_request.params)
+            mode, arm = admission.params.mode, admission.arm
+            gen_request = dataclasses.replace(gen_request, params=admission.params)
+            writer = ResponseWriter(pb, sender, gen_request.params.stream)
+            stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
+                                   hooks=admission.hooks, request_id=admission.request_id)
+            self.ops.finish(admission, stats)
+            return
+        except InvalidRequest as exc:
+            reason = "invalid"
+            self._fail(sender, str(exc))
+        except RequestCancelled as exc:
+            reason = "cancelled"
+            self._fail(sender, str(exc), cancelled=True)
+        except BranchError as exc:
+            self.logger.log_error(f"router: request failed in a branch: {exc}")
+            self._fail(sender, str(exc))
+        except Exception as exc:  # noqa: BLE001 - one request fails, the server keeps serving
+            self.logger.log_error("router: internal error\n" + traceback.format_exc())
+            self._fail(sender, f"router internal error: {type(exc).__name__}: {exc}")
+        self.ops.fail(mode, arm or "none", reason)
+
+    def _fail(self, sender, message: str, cancelled: bool = False) -> None:
+        try:
+            sender.send(error_response(self.pb, message, cancelled),
+                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # noqa: BLE001 - the client is gone; nothing left to tell it
+            pass
+
+    async def drain(self, timeout_s: float) -> None:
+        if self.inflight:
+            await asyncio.wait(list(self.inflight), timeout=timeout_s)
+        self.ops.close()

@@ -1,0 +1,85 @@
+"""Triton glue of ``preprocessing`` (text -> token ids) and ``postprocessing`` (ids -> text).
+
+Both load the tokenizer the exporter copied into ``<version dir>/tokenizer`` and are
+stateless per execution: postprocessing gets everything it needs from the router's
+response (token window, prefix length, final flag, stats).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tokenrouter_backend.core.detokenize import Detokenizer
+from tokenrouter_backend.serving.tensors import config_parameters, error_response, input_array, input_scalar, input_strings
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def load_tokenizer(args: dict, parameters: dict[str, str]):
+    from tokenizers import Tokenizer
+
+    version_dir = Path(args["model_repository"]) / args["model_version"]
+    folder = version_dir / parameters.get("tokenizer_dir", TOKENIZER_DIR)
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+class PreprocessingModel:
+    """text_input, stop_words, end_id -> INPUT_ID, STOP_IDS, END_ID."""
+
+    def __init__(self, pb_utils, args: dict):
+        self.pb = pb_utils
+        params = config_parameters(args)
+        self.tokenizer = load_tokenizer(args, params)
+        self.default_end_id = int(params.get("end_id", "-1") or -1)  # filled by the exporter
+        # document-end tokens besides end_id (exporter-filled); each is a one-token stop sequence
+        self.stop_token_ids = [int(t) for t in params.get("stop_token_ids", "").split(",") if t.strip()]
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def execute(self, requests):
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        pb = self.pb
+        texts = input_strings(pb, request, "text_input")
+        if not texts or not texts[0].strip():
+            return error_response(pb, "text_input must be a non-empty string")
+        ids = self.tokenizer.encode(texts[0]).ids
+        if not ids:
+            return error_response(pb, "text_input produced no tokens")
+        end_id = input_scalar(pb, request, "end_id")
+        end_id = self.default_end_id if end_id is None else int(end_id)
+        if not -1 <= end_id < self.vocab_size:
+            return error_response(pb, f"end_id must be -1 (none) or in [0, {self.vocab_size - 1}]; got {end_id}")
+        stop_ids: list[int] = [x for t in self.stop_token_ids for x in (t, -1)]
+        for word in input_strings(pb, request, "stop_words"):
+            if word:
+                stop_ids += self.tokenizer.encode(word, add_special_tokens=False).ids + [-1]
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor("INPUT_ID", np.asarray(ids, dtype=np.int32).reshape(1, -1)),
+            pb.Tensor("STOP_IDS", np.asarray(stop_ids or [-1], dtype=np.int32).reshape(1, -1)),
+            pb.Tensor("END_ID", np.array([[end_id]], dtype=np.int32)),
+        ])
+
+
+class PostprocessingModel:
+    """OUTPUT_IDS window, PREFIX_LEN, IS_FINAL, ROUTING_STATS -> text_output, routing_stats."""
+
+    def __init__(self, pb_utils, args: dict):
+        self.pb = pb_utils
+        self.detok = Detokenizer(load_tokenizer(args, config_parameters(args)))
+
+    def execute(self, requests):
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        pb = self.pb
+        window = input_array(pb, request, "TOKENS").reshape(-1)
+        prefix = int(input_scalar(pb, request, "PREFIX_LEN") or 0)
+        final = bool(input_scalar(pb, request, "IS_FINAL"))
+        stats = input_scalar(pb, request, "ROUTING_STATS_IN") or "{}"
+        text = self.detok.delta(window.tolist(), prefix, final)
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_)),
+            pb.Tensor("routing_stats", np.array([[stats.encode()]], dtype=np.object_)),
+        ])
