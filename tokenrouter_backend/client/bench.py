@@ -13,15 +13,13 @@ Writes OUT/results.json (every record, ratio and summary), OUT/results.md and PN
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from . import report
-from .metrics import add_quality, paired_ratios, summarize
+from .records import RECORDS_JSONL, Arm, RunRecord, append_record, build_results
 from .workloads import ALL_WORKLOADS, Prompt, load_workloads
 
 DEFAULT_MAX_TOKENS = 64
@@ -30,43 +28,6 @@ QUICK_THRESHOLDS = (0.8,)
 TRITON_MODES = ("heavy", "light", "verify", "route")
 WARMUP_TOKENS = 4
 REQUEST_TIMEOUT_S = 900.0
-RECORDS_JSONL = "records.jsonl"  # raw records, written as they complete
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    kind: str                      # "triton" | "peer"
-    knobs: dict = field(default_factory=dict)
-
-
-@dataclass
-class RunRecord:
-    """One arm on one prompt. Stats fields are None where the arm has no such notion."""
-
-    arm: str
-    prompt_id: str
-    workload: str
-    repeat: int
-    order: int                     # position of this arm within the prompt's round
-    text: str = ""
-    tokens: int = 0
-    latency_s: float = 0.0
-    ttft_s: float = 0.0
-    tokens_per_s: float = 0.0
-    light_share: float | None = None
-    heavy_calls_per_token: float | None = None
-    mean_accepted: float | None = None
-    router_overhead_share: float | None = None
-    stats: dict = field(default_factory=dict)
-    error: str | None = None
-    # quality, filled by metrics.add_quality
-    exact_match: bool | None = None
-    token_agreement: float | None = None
-    common_prefix_tokens: int | None = None
-    seq_agreement: float | None = None
-    nll: float | None = None
-    humaneval_passed: bool | None = None
 
 
 def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, ...]) -> list[Arm]:
@@ -135,8 +96,7 @@ def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_to
                 rec = run_one(arm, prompt, rep, order, max_tokens, url, peers)
                 records.append(rec)
                 if sink is not None:
-                    with open(sink, "a") as fh:
-                        fh.write(json.dumps(asdict(rec)) + "\n")
+                    append_record(sink, rec)
                 log(f"[{rep}] {prompt.id:28s} {arm.name:18s} " +
                     (f"ERROR {rec.error[:120]}" if rec.error else
                      f"{rec.tokens:4d} tok {rec.latency_s:7.2f}s {rec.tokens_per_s:6.2f} tok/s "
@@ -180,17 +140,6 @@ def _thresholds(args) -> list[float]:
     return list(QUICK_THRESHOLDS if args.quick else DEFAULT_THRESHOLDS)
 
 
-def machine_info() -> dict:
-    import os
-
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        info["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return info
-
-
 def _load_peers(args, log):
     if args.no_peers or not args.heavy:
         return None
@@ -204,7 +153,7 @@ def _load_peers(args, log):
 
 def _scorer_and_tokenizer(args, peers):
     """Heavy tokenizer for token comparisons and the NLL scorer (transformers if loaded, else ONNX)."""
-    from .metrics import load_scoring
+    from .scoring import load_scoring
 
     return load_scoring(peers, args.repo, want_nll=not args.no_nll)
 
@@ -225,18 +174,12 @@ def execute(args, url: str | None, log=print) -> dict:
     records = run_interleaved(prompts, arms, args.repeats, args.max_tokens, url, peers, log, sink)
     wall = time.perf_counter() - t0
     tokenizer, scorer = _scorer_and_tokenizer(args, peers)
-    add_quality(records, {p.id: p for p in prompts}, tokenizer, scorer)
-    ratios = paired_ratios(records)
-    results = {
-        "config": {"max_tokens": args.max_tokens, "repeats": args.repeats, "arms": [asdict(a) for a in arms],
-                   "workloads": _csv(args.workloads), "prompts": [p.id for p in prompts], "url": url,
-                   "repo": str(args.repo) if args.repo else None, "heavy": args.heavy, "light": args.light,
-                   "assistant_schedule": peers.assistant_schedule() if peers else None,
-                   "nll_scorer": scorer.name if scorer else None, "command": " ".join(sys.argv)},
-        "machine": machine_info(), "wall_s": round(wall, 1),
-        "records": [asdict(r) for r in records], "ratios": ratios,
-        "summary": summarize(records, ratios), "load": [],
-    }
+    config = {"max_tokens": args.max_tokens, "repeats": args.repeats, "arms": [asdict(a) for a in arms],
+              "workloads": _csv(args.workloads), "prompts": [p.id for p in prompts], "url": url,
+              "repo": str(args.repo) if args.repo else None, "heavy": args.heavy, "light": args.light,
+              "assistant_schedule": peers.assistant_schedule() if peers else None,
+              "nll_scorer": scorer.name if scorer else None, "command": " ".join(sys.argv)}
+    results = build_results(config, records, {p.id: p for p in prompts}, tokenizer, scorer, wall)
     if args.load_concurrency and url:
         results["load"] = run_load(args, url, prompts, log)
     return results

@@ -35,7 +35,7 @@ class PeerResult:
         return len(self.output_ids)
 
 
-def _gguf_location(src: Path) -> tuple[Path, str | None]:
+def gguf_location(src: Path) -> tuple[Path, str | None]:
     """(folder, gguf file name or None) for a source path."""
     if src.is_file() and src.suffix == ".gguf":
         return src.parent, src.name
@@ -51,7 +51,7 @@ def load_model(src: str | Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, gguf = _gguf_location(Path(src).expanduser())
+    folder, gguf = gguf_location(Path(src).expanduser())
     kwargs = {"gguf_file": gguf} if gguf else {}
     tok = AutoTokenizer.from_pretrained(folder, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)

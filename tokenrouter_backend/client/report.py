@@ -140,32 +140,30 @@ def write_all(results: dict, out: Path) -> None:
     (out / "results.md").write_text(markdown(results))
 
 
+def _tokenizer(src: str | None):
+    """The HF tokenizer of an HF folder or GGUF source; None without one."""
+    if not src:
+        return None
+    from transformers import AutoTokenizer
+
+    from .peers import gguf_location
+
+    folder, gguf = gguf_location(Path(src).expanduser())
+    return AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf} if gguf else {}))
+
+
 def from_records(out: Path, tokenizer_src: str | None) -> dict:
     """Results of a cut-short run from its records.jsonl (no NLL: that needs the heavy model)."""
-    from .bench import RunRecord, machine_info
-    from .metrics import add_quality, paired_ratios, summarize
+    from .records import RECORDS_JSONL, build_results, read_records
     from .workloads import ALL_WORKLOADS, load_workloads
 
-    records = [RunRecord(**json.loads(line)) for line in (out / "records.jsonl").read_text().splitlines()]
+    records = read_records(out / RECORDS_JSONL)
     prompts = {p.id: p for p in load_workloads(ALL_WORKLOADS, full=True)}
-    tokenizer = None
-    if tokenizer_src:
-        from .peers import _gguf_location
-        from transformers import AutoTokenizer
-
-        folder, gguf = _gguf_location(Path(tokenizer_src).expanduser())
-        tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf} if gguf else {}))
-    add_quality(records, prompts, tokenizer, None)
-    ratios = paired_ratios(records)
-    from dataclasses import asdict
-
-    ids = list(dict.fromkeys(r.prompt_id for r in records))
-    return {"config": {"max_tokens": None, "repeats": 1 + max(r.repeat for r in records), "prompts": ids,
-                       "arms": list(dict.fromkeys(r.arm for r in records)), "partial": True,
-                       "nll_scorer": None},
-            "machine": machine_info(), "wall_s": round(sum(r.latency_s for r in records), 1),
-            "records": [asdict(r) for r in records], "ratios": ratios,
-            "summary": summarize(records, ratios), "load": []}
+    config = {"max_tokens": None, "repeats": 1 + max(r.repeat for r in records),
+              "prompts": list(dict.fromkeys(r.prompt_id for r in records)),
+              "arms": list(dict.fromkeys(r.arm for r in records)), "partial": True, "nll_scorer": None}
+    return build_results(config, records, prompts, _tokenizer(tokenizer_src), None,
+                         sum(r.latency_s for r in records))
 
 
 def main(argv: list[str] | None = None) -> int:
