@@ -1,7 +1,8 @@
 # TokenRouter: the two commands of the README.
 #   make demo   set up, fetch + export the demo pair, serve it through Triton, stop
-#   make test   set up, run the test suite (fails if no test ran: pytest exit code 5)
-.PHONY: setup demo test
+#   make test   set up, lint, run the test suite (fails if no test ran: pytest exit code 5)
+#   make lint   ruff on the whole tree (configured in pyproject.toml)
+.PHONY: setup demo test lint
 
 PYTHON_VENV := .venv/bin/python
 
@@ -11,5 +12,8 @@ setup:
 demo:
 	scripts/demo.sh
 
-test: setup
+lint: setup
+	.venv/bin/ruff check .
+
+test: lint
 	$(PYTHON_VENV) -m pytest -q

@@ -5,7 +5,9 @@ Triton: `start_triton` (per test) and `start_triton_module` (per module) are fac
 free loopback ports, waits until every model is ready and returns the `TritonServer`
 (``server.http_url``, ``server.grpc_url``, ``server.metrics_url``). Every server a factory
 started is stopped when its scope ends — also when the test fails or start-up raises.
-Logs go to the test's tmp dir unless ``log_path`` is given.
+Logs go to the test's tmp dir unless ``log_path`` is given. A test that starts a server is
+marked ``triton`` (enforced here: unmarked tests cannot start one), so ``pytest -m 'not
+triton'`` runs the pure suite.
 """
 from __future__ import annotations
 
@@ -18,7 +20,31 @@ from tokenrouter_backend.server.process import TritonServer
 
 TEST_READY_TIMEOUT_S = 120.0  # tiny models load in seconds; this only bounds a hang
 
+pytest_plugins = ("support.fixtures_engine", "support.fixtures_export")  # shared fixtures
+
 StartTriton = Callable[..., TritonServer]
+
+
+TRITON_FIXTURES = {"start_triton", "start_triton_module"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that asks for a tritonserver fixture must carry the ``triton`` marker."""
+    unmarked = [item.nodeid for item in items
+                if TRITON_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("triton") is None]
+    if unmarked:
+        raise pytest.UsageError("tests start a tritonserver without @pytest.mark.triton:\n  "
+                                + "\n  ".join(unmarked))
+
+
+@pytest.fixture(autouse=True)
+def _no_tritonserver_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside ``triton``-marked tests, starting a TritonServer fails the test at once."""
+    if request.node.get_closest_marker("triton") is None:
+        def refuse(self):
+            raise AssertionError(f"{request.node.nodeid} starts a tritonserver: mark it @pytest.mark.triton")
+        monkeypatch.setattr(TritonServer, "start", refuse)
 
 
 def _triton_factory(log_dir: Path) -> Iterator[StartTriton]:

@@ -11,8 +11,8 @@ from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.override import OverrideWatcher, parse_override
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from fakes import make_pair
-from ops_helpers import PROMPTS
+from support.fakes import make_pair
+from support.ops_helpers import PROMPTS
 
 ROUTE = RouterDefaults(mode="route")
 

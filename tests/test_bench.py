@@ -17,6 +17,8 @@ from tokenrouter_backend.client.workloads import load_workloads
 from tokenrouter_backend.export.tiny_pair import build_tiny_pair
 from tokenrouter_backend.server import paths
 
+pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
+
 THRESHOLD = 0.8
 EXPECTED_ARMS = {"heavy", "light", "verify", f"route@{THRESHOLD:g}", "hf_heavy", "hf_assisted", "hf_prompt_lookup"}
 

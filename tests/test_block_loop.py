@@ -10,7 +10,7 @@ import pytest
 
 from tokenrouter_backend.core.block_loop import BlockLoop, GenerationRequest, RequestCancelled, generate
 from tokenrouter_backend.core.params import RouterDefaults
-from fakes import VOCAB, FakeBranch, ToyLM, make_pair
+from support.fakes import VOCAB, FakeBranch, ToyLM, make_pair
 
 PROMPTS = [tuple(int(x) for x in np.random.default_rng(i).integers(0, VOCAB, size=3 + i % 7)) for i in range(24)]
 

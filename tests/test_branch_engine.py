@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from fixtures_engine import ToyLM, tiny_qwen_dir  # noqa: F401 - fixture
+from support.fixtures_engine import ToyLM
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
 from tokenrouter_backend.engine.kv_store import KVShape, KVStore
@@ -229,7 +229,7 @@ def test_infinite_max_entropy_default():
 
 # ---- real ONNX (tiny random Qwen2, exported in the fixture) -----------------------------
 @pytest.fixture(scope="module")
-def onnx_lm(tiny_qwen_dir):  # noqa: F811
+def onnx_lm(tiny_qwen_dir):
     from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
 
     return OnnxCausalLM(tiny_qwen_dir, intra_op_threads=1)

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 
 from tokenrouter_backend.server import process as launcher
 import tritonclient.http as httpclient
+
+pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository"
 
@@ -38,7 +39,7 @@ def make_repository(root: Path, onnx_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen_dir, tmp_path_factory):  # noqa: F811
+def server(tiny_qwen_dir, tmp_path_factory):
     repo = make_repository(tmp_path_factory.mktemp("repo"), tiny_qwen_dir)
     log = tmp_path_factory.mktemp("log") / "tritonserver.log"
     with launcher.TritonServer(repo, log_path=log, ready_timeout_s=120) as srv:
@@ -69,7 +70,7 @@ def reference(onnx_dir, ops):
     return [eng.run([op])[0] for op in ops]
 
 
-def test_steps_match_engine_and_errors_name_branch(server, tiny_qwen_dir):  # noqa: F811
+def test_steps_match_engine_and_errors_name_branch(server, tiny_qwen_dir):
     ops = [BranchOp(11, 0, (3, 4, 5, 6), draft_len=4), BranchOp(11, 6, (9,), draft_len=3),
            BranchOp(11, 2, (7, 8))]
     ref = reference(tiny_qwen_dir, ops)
@@ -88,7 +89,7 @@ def test_steps_match_engine_and_errors_name_branch(server, tiny_qwen_dir):  # no
     assert err is None and got.session_len == 0
 
 
-def test_concurrent_steps_are_batched(server, tiny_qwen_dir):  # noqa: F811
+def test_concurrent_steps_are_batched(server, tiny_qwen_dir):
     ops = [BranchOp(100 + i, 0, tuple(range(5, 5 + 3 + i)), draft_len=1 + i % 4) for i in range(16)]
     ref = reference(tiny_qwen_dir, ops)
     with cf.ThreadPoolExecutor(16) as pool:

@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tokenrouter_backend.cli import main as cli
-from triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
+from support.triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVE_TIMEOUT_S = 120
@@ -49,6 +51,7 @@ def test_help_imports_no_subcommand_module():
     assert loaded == {}
 
 
+@pytest.mark.triton
 def test_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
@@ -73,6 +76,7 @@ def test_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
     assert _server_pids(repo) == []
 
 
+@pytest.mark.triton
 def test_killed_serve_leaves_no_server(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
@@ -89,6 +93,7 @@ def test_killed_serve_leaves_no_server(tmp_path):
     assert _server_pids(repo) == []
 
 
+@pytest.mark.triton
 def test_serve_exits_nonzero_with_the_failing_models_error(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)

@@ -34,7 +34,7 @@ GPU_SERVICES = {"export", "triton", "heavy", "router"}
 TRITON_PORTS = {8000, 8001, 8002}
 PIP_PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
                  "manylinux2014_x86_64"]
-SOURCE_DIRS = ["tokenrouter_backend", "export", "client", "model_repository", "docker", "tests"]
+SOURCE_DIRS = ["tokenrouter_backend", "model_repository", "docker", "tests", "scripts"]
 # stdlib names that exist only from Python 3.11 on (the Triton image's Python is 3.10)
 PY311_ONLY = [r"\bimport tomllib\b", r"\basyncio\.TaskGroup\b", r"\basyncio\.timeout\(",
               r"\bdatetime\.UTC\b", r"\bStrEnum\b", r"from typing import .*\bSelf\b",
@@ -170,6 +170,7 @@ def pip_resolve(requirements: Path, tmp_path: Path) -> dict[str, str]:
     return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in items}
 
 
+@pytest.mark.index  # pip resolves against the package index: minutes, not a pure test
 def test_image_requirements_resolve_for_python_310(tmp_path):
     # the export requirements include the serving ones (-r), so one resolve checks both
     assert "-r requirements-serve.txt" in (ROOT / "docker/requirements-export.txt").read_text()

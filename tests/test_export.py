@@ -14,12 +14,11 @@ from tokenrouter_backend.export.pipeline import ExportOptions, TokenizerMismatch
 from tokenrouter_backend.export.repository import TemplateError, fill_repository, fill_text
 from tokenrouter_backend.export.validate import (FP32_REL_TOL, INT8_MIN_AGREEMENT, ValidationError, prompt_ids,
                              validate_onnx)
-from tests.fixtures_export import tiny_export, tiny_pair, tiny_template  # noqa: F401
 
 INT8_SANE_FLOOR = 0.85  # tiny pair, top-1 vs transformers FP32 (measured ~0.95)
 
 
-def test_fp32_parity(tiny_export):  # noqa: F811
+def test_fp32_parity(tiny_export):
     _, report = tiny_export
     val = report["heavy"]["validation"]
     print("heavy fp32 validation:", json.dumps(val))
@@ -28,7 +27,7 @@ def test_fp32_parity(tiny_export):  # noqa: F811
     assert val["per_check"]["batch"]["top1_agreement"] == 1.0
 
 
-def test_int8_agreement(tiny_export):  # noqa: F811
+def test_int8_agreement(tiny_export):
     _, report = tiny_export
     light = report["light"]
     for mode, cand in light["quant_candidates"].items():
@@ -39,7 +38,7 @@ def test_int8_agreement(tiny_export):  # noqa: F811
     assert light["validation"]["top1_agreement"] >= max(INT8_SANE_FLOOR, INT8_MIN_AGREEMENT)
 
 
-def test_validation_can_fail(tiny_export, tiny_pair):  # noqa: F811
+def test_validation_can_fail(tiny_export, tiny_pair):
     """Reference logits off by more than the bound must fail the export."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,7 +54,7 @@ def test_validation_can_fail(tiny_export, tiny_pair):  # noqa: F811
         validate_onnx(out / "heavy" / "1", bad, prompts, "fp32")
 
 
-def test_repository_layout(tiny_export):  # noqa: F811
+def test_repository_layout(tiny_export):
     out, report = tiny_export
     for rel in ("heavy/1/model.onnx", "heavy/1/model.json", "light/1/model.onnx", "light/1/model.json",
                 "preprocessing/1/tokenizer/tokenizer.json", "postprocessing/1/tokenizer/tokenizer.json",
@@ -67,7 +66,7 @@ def test_repository_layout(tiny_export):  # noqa: F811
     assert json.loads((out / "export.json").read_text())["light"]["precision"] == report["light"]["precision"]
 
 
-def test_up_to_date_export_is_skipped(tiny_export, tiny_pair, tiny_template):  # noqa: F811
+def test_up_to_date_export_is_skipped(tiny_export, tiny_pair, tiny_template):
     out, _ = tiny_export
     onnx = out / "heavy" / "1" / "model.onnx"
     before = onnx.stat().st_mtime_ns
@@ -76,7 +75,7 @@ def test_up_to_date_export_is_skipped(tiny_export, tiny_pair, tiny_template):  #
     assert onnx.stat().st_mtime_ns == before
 
 
-def test_refuses_different_tokenizers(tiny_pair, tiny_template, tmp_path):  # noqa: F811
+def test_refuses_different_tokenizers(tiny_pair, tiny_template, tmp_path):
     from transformers import AutoTokenizer
 
     other = tmp_path / "light"
@@ -89,7 +88,7 @@ def test_refuses_different_tokenizers(tiny_pair, tiny_template, tmp_path):  # no
     assert not (tmp_path / "repo").exists()
 
 
-def test_cli_reports_mismatch(tiny_pair, tmp_path, capsys):  # noqa: F811
+def test_cli_reports_mismatch(tiny_pair, tmp_path, capsys):
     other = tmp_path / "light"
     shutil.copytree(tiny_pair[1], other)
     cfg = json.loads((other / "tokenizer_config.json").read_text())

@@ -8,8 +8,8 @@ from tokenrouter_backend.core.hooks import BlockRecord
 from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.core.params import RouterDefaults
-from fakes import FakeBranch, ToyLM
-from ops_helpers import PROMPTS, run_one
+from support.fakes import FakeBranch, ToyLM
+from support.ops_helpers import PROMPTS, run_one
 
 LOAD = {"load_control": "true", "load_queue_high_ms": "4", "load_queue_low_ms": "2", "load_min_observations": "10"}
 

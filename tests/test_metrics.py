@@ -10,8 +10,8 @@ from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.operations.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.core.params import RouterDefaults
-from fakes import StubFamily, make_pair
-from ops_helpers import PROMPTS
+from support.fakes import StubFamily, make_pair
+from support.ops_helpers import PROMPTS
 
 class StubPb:
     MetricFamily = StubFamily

@@ -5,14 +5,13 @@ import numpy as np
 import pytest
 
 from tokenrouter_backend.export.validate import batch_step
-from tests.fixtures_export import tiny_export, tiny_pair, tiny_template  # noqa: F401
 from tokenrouter_backend.engine.onnx_lm import ModelInfo, OnnxCausalLM
 
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def lm(tiny_export):  # noqa: F811
+def lm(tiny_export):
     out, _ = tiny_export
     return OnnxCausalLM(out / "heavy" / "1")
 
@@ -72,7 +71,7 @@ def test_model_json_round_trip(tmp_path):
     assert ModelInfo.load(tmp_path / "model.json") == info
 
 
-def test_consolidated_external_data_runs_the_same(lm, tiny_export, tmp_path):  # noqa: F811
+def test_consolidated_external_data_runs_the_same(lm, tiny_export, tmp_path):
     """Weights scattered over many files (as the exporter writes > 2 GB) -> one .data file."""
     import shutil
 

@@ -16,6 +16,8 @@ import pytest
 
 from tokenrouter_backend.client import triton_client
 
+pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
+
 PROMPTS = ["def add(a, b):", "for i in range(", "import numpy as", "class Stack:", "while True:", "print("]
 COUNTERS = {  # metric (summed over labels) -> routing_stats field
     "tokenrouter_router_generated_tokens_total": "generated_tokens",

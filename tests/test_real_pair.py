@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from serving_helpers import router_tokens
+from support.serving_helpers import router_tokens
 from tokenrouter_backend.server import paths
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.triton]
 
 CODE_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',

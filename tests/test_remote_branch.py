@@ -17,7 +17,7 @@ from tokenrouter_backend.core.branch_protocol import (
 )
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
 
-from fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
+from support.fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
 
 FAST = dict(timeout_s=5.0, connect_retries=2, backoff_s=0.05)
 

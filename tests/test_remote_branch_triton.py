@@ -20,7 +20,9 @@ from tokenrouter_backend.core.branch_protocol import (
 from tokenrouter_backend.branches.remote import RemoteBranch
 from tokenrouter_backend.server.ports import free_ports
 
-from triton_repo import write_python_model  # pytest puts tests/ on sys.path
+from support.triton_repo import write_python_model  # pytest puts tests/ on sys.path
+
+pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
 MISSING_KEEP_LEN = 999  # the scripted model answers SessionMissing for this keep_len
 OUTPUTS_CONFIG = """\

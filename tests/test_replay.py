@@ -6,8 +6,8 @@ import numpy as np
 from tokenrouter_backend.cli import replay as replay_cli
 from tokenrouter_backend.operations import replay
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
-from fakes import FakeBranch, ToyLM
-from ops_helpers import PROMPTS, Recorder, heavy_agreement, run_one
+from support.fakes import FakeBranch, ToyLM
+from support.ops_helpers import PROMPTS, Recorder, heavy_agreement, run_one
 
 THRESHOLDS = (0.5, 0.7, 0.9)
 

@@ -13,7 +13,7 @@ from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.install import TritonInstall, server_environment
 from tokenrouter_backend.server.logs import parse_model_errors
 from tokenrouter_backend.server.process import TritonServer, process_group_pids
-from triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
+from support.triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 
 
 def _get_status(url: str) -> int:
@@ -45,6 +45,7 @@ def add_one_repo(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.triton
 def test_serves_a_python_model_and_stops_clean(add_one_repo, start_triton):
     server = start_triton(add_one_repo)
     assert _get_status(f"{server.http_url}/v2/health/ready") == 200
@@ -62,6 +63,7 @@ def test_serves_a_python_model_and_stops_clean(add_one_repo, start_triton):
     server.stop()  # idempotent
 
 
+@pytest.mark.triton
 def test_context_manager_and_metrics(add_one_repo, tmp_path):
     with TritonServer(add_one_repo, log_path=tmp_path / "cm.log", ready_timeout_s=120) as server:
         assert _get_status(server.metrics_url) == 200
@@ -69,6 +71,7 @@ def test_context_manager_and_metrics(add_one_repo, tmp_path):
     assert not [pid for pid in pids if _alive(pid)]
 
 
+@pytest.mark.triton
 def test_failing_model_is_reported_by_name_with_its_error(add_one_repo, tmp_path, start_triton):
     write_failing_model(add_one_repo, "broken", "deliberate failure: weights unreadable")
     with pytest.raises(TritonServerError) as info:
@@ -81,6 +84,7 @@ def test_failing_model_is_reported_by_name_with_its_error(add_one_repo, tmp_path
     assert err.log_path is not None and err.log_path.is_file()
 
 
+@pytest.mark.triton
 def test_failed_start_leaves_no_process(add_one_repo, tmp_path):
     write_failing_model(add_one_repo, "broken", "boom")
     server = TritonServer(add_one_repo, log_path=tmp_path / "fail.log", ready_timeout_s=120)
@@ -92,6 +96,7 @@ def test_failed_start_leaves_no_process(add_one_repo, tmp_path):
     assert process_group_pids(pgid) == []
 
 
+@pytest.mark.triton
 def test_explicit_mode_reloads_a_model(add_one_repo, start_triton):
     server = start_triton(add_one_repo, model_control_mode="explicit")
     server.unload_model("add_one")
@@ -107,6 +112,7 @@ def _model_ready(server: TritonServer, name: str) -> bool:
         return False
 
 
+@pytest.mark.triton  # calls start(): refused before a process exists
 def test_missing_repository_is_refused(tmp_path):
     with pytest.raises(TritonServerError, match="model repository not found"):
         TritonServer(tmp_path / "nope").start()

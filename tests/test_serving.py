@@ -12,7 +12,9 @@ import pytest
 import requests
 
 from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
-from serving_helpers import model_stats, router_tokens, scrape_metric
+from support.serving_helpers import model_stats, router_tokens, scrape_metric
+
+pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
 PROMPTS = [
     "def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def __init__(self):\n",

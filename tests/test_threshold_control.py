@@ -5,8 +5,8 @@ import numpy as np
 
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.core.params import RouterDefaults
-from fakes import FakeBranch, ToyLM
-from ops_helpers import PROMPTS, heavy_agreement, run_one
+from support.fakes import FakeBranch, ToyLM
+from support.ops_helpers import PROMPTS, heavy_agreement, run_one
 from test_load_control import serve
 
 ROUTE = RouterDefaults(mode="route", confidence_threshold=0.7)

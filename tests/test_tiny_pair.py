@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from tokenrouter_backend.export.tiny_pair import STAMP, build_tiny_pair, corpus_text, is_built
-from tests.fixtures_export import tiny_pair  # noqa: F401  (session fixture)
 
 MIN_AGREEMENT = 0.30  # heavy/light top-1 agreement on training text (measured ~0.5)
 
 
 @pytest.fixture(scope="module")
-def models(tiny_pair):  # noqa: F811
+def models(tiny_pair):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     heavy_dir, light_dir = tiny_pair
@@ -21,7 +20,7 @@ def models(tiny_pair):  # noqa: F811
     return tok, AutoModelForCausalLM.from_pretrained(heavy_dir), AutoModelForCausalLM.from_pretrained(light_dir)
 
 
-def test_pair_layout(tiny_pair):  # noqa: F811
+def test_pair_layout(tiny_pair):
     for d in tiny_pair:
         for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (d / name).is_file(), f"{d / name} missing"
@@ -47,7 +46,7 @@ def test_pair_agrees_on_many_tokens(models):
     assert agree >= MIN_AGREEMENT
 
 
-def test_second_build_is_skipped(tiny_pair):  # noqa: F811
+def test_second_build_is_skipped(tiny_pair):
     root = tiny_pair[0].parent
     assert is_built(root)
     before = (tiny_pair[0] / "model.safetensors").stat().st_mtime_ns

@@ -7,8 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from fakes import StubFamily
-from fixtures_engine import tiny_qwen_dir  # noqa: F401 - fixture
+from support.fakes import StubFamily
 from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 
 
@@ -77,7 +76,7 @@ def request(op):
     return op_to_arrays(op)
 
 
-def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path):  # noqa: F811
+def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path):
     version = tmp_path / "light" / "1"
     shutil.copytree(tiny_qwen_dir, version / "onnx")
     model = glue.TritonPythonModel()

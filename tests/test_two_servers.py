@@ -18,7 +18,9 @@ import pytest
 from tokenrouter_backend.server.ports import free_ports
 from tokenrouter_backend.server.process import TritonServer
 
-from serving_helpers import model_stats, router_tokens
+from support.serving_helpers import model_stats, router_tokens
+
+pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
 PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def __init__(self):\n",
            "for i in range(10):\n    ", "def add(a, b):\n    return", "raise ValueError("]

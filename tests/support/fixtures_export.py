@@ -1,6 +1,6 @@
 """Session fixtures for the exporter tests: the tiny pair and its exported repository.
 
-Import them in a test module (``from tests.fixtures_export import tiny_pair, tiny_export``);
+Registered for every test module by ``pytest_plugins`` in tests/conftest.py;
 the pair is built once per session (or reused from TOKENROUTER_TINY_DIR when set).
 """
 from __future__ import annotations

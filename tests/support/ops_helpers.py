@@ -8,7 +8,7 @@ import numpy as np
 from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.core.hooks import BlockPlan
 from tokenrouter_backend.core.params import RouterDefaults
-from fakes import VOCAB, ToyLM
+from support.fakes import VOCAB, ToyLM
 
 PROMPTS = [tuple(int(x) for x in np.random.default_rng(100 + i).integers(0, VOCAB, size=4 + i % 5)) for i in range(40)]
 

@@ -1,0 +1,1 @@
+"""Shared test helpers: fakes, fixtures, a fake gRPC server, repository builders."""
