@@ -30,7 +30,7 @@ install_debian_packages
   echo "setup: $PY is $("$PY" --version 2>&1); TokenRouter needs Python 3.10-3.13" >&2; exit 1; }
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
 # The editable install maps the top-level packages that exist when it runs: reinstall when
-# pyproject.toml changes or a package (export/, client/, ...) appears.
+# pyproject.toml changes or a top-level package appears.
 wanted=$(cat pyproject.toml; ls -d ./*/__init__.py 2>/dev/null)
 wanted=$(printf '%s' "$wanted" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$wanted" ]; then

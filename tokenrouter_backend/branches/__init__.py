@@ -1,1 +1,3 @@
-"""The Branch implementations the block loop talks to: in-process, Triton BLS, remote gRPC; the local pair."""
+"""The Branch implementations the block loop talks to: in-process, Triton BLS, remote gRPC; the
+local pair.
+"""

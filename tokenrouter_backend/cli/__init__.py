@@ -1,1 +1,2 @@
-"""The `tokenrouter` command and its subcommands."""
+"""The `tokenrouter` command and its subcommands.
+"""

@@ -1,1 +1,3 @@
-"""Engines: the KV store, the batched branch engine, the ONNX and torch runtimes. Imports core/ only."""
+"""Engines: the KV store, the batched branch engine, the ONNX and torch runtimes. Imports core/
+only.
+"""

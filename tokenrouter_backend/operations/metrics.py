@@ -8,7 +8,7 @@ those is an IPC to the server process), so recording never blocks a request.
 Labels are low-cardinality: ``mode`` (heavy|light|verify|route), ``arm`` (see
 ``ab.ARMS``), ``branch`` (heavy|light), ``finish_reason`` (length|end_id|stop_words|
 error|cancelled|invalid). Branch-side metrics (batch sizes, forward latency, KV sessions
-and bytes) belong to the branch models (``triton_branch.py``), not here.
+and bytes) belong to the branch models (``serving/branch_model.py``), not here.
 Names end in their unit (``_ms``, ``_tokens``) or ``_total`` for counts.
 """
 from __future__ import annotations

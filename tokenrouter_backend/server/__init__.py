@@ -1,1 +1,3 @@
-"""Running the wheel's tritonserver: backend directory preparation, log parsing, the process lifecycle; the data directory."""
+"""Running the wheel's tritonserver: backend directory preparation, log parsing, the process
+lifecycle; the data directory.
+"""

@@ -1,4 +1,4 @@
-"""triton_branch glue with a stubbed ``triton_python_backend_utils`` (no server needed)."""
+"""serving.branch_model glue with a stubbed ``triton_python_backend_utils`` (no server needed)."""
 import json
 import shutil
 import sys
