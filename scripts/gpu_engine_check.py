@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenrouter_backend.branches.local_pair import LocalPair  # noqa: E402
-from tokenrouter_backend.engine.torch_lm import TorchCausalLM, step_ms  # noqa: E402
+from tokenrouter_backend.engine.step_timing import step_ms  # noqa: E402
+from tokenrouter_backend.engine.torch_lm import TorchCausalLM  # noqa: E402
 
 PAST_LEN = 128  # cached tokens before a timed step
 REPEATS = 20  # timed steps per case (median)

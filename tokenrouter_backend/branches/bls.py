@@ -7,15 +7,12 @@ from __future__ import annotations
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import (
     TENSOR_OUTPUTS,
-    BranchError,
     BranchOp,
     BranchResult,
-    SessionMissing,
+    decode_error,
     op_to_arrays,
     result_from_arrays,
 )
-
-SESSION_MISSING_MARKER = "SessionMissing"  # the branch glue names the exception class
 
 
 class BlsBranch(Branch):
@@ -37,10 +34,7 @@ class BlsBranch(Branch):
         )
         response = await request.async_exec()
         if response.has_error():
-            message = f"{self.name} branch ({self.model_name}): {response.error().message()}"
-            if SESSION_MISSING_MARKER in message:
-                raise SessionMissing(message)
-            raise BranchError(message)
+            raise decode_error(f"{self.name} branch ({self.model_name}): {response.error().message()}")
 
         def get(name):
             tensor = pb.get_output_tensor_by_name(response, name)

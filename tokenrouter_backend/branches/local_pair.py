@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.branches.in_process import InProcessBranch
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterDefaults
 from tokenrouter_backend.core.stats import RequestStats
 
@@ -21,15 +22,15 @@ class LocalPair:
 
     @classmethod
     def of(cls, light_lm, heavy_lm, config: EngineConfig = EngineConfig()) -> "LocalPair":
-        return cls(InProcessBranch("light", BranchEngine(light_lm, config=config, name="light")),
-                   InProcessBranch("heavy", BranchEngine(heavy_lm, config=config, name="heavy")))
+        return cls(InProcessBranch(LIGHT, BranchEngine(light_lm, config=config, name=LIGHT)),
+                   InProcessBranch(HEAVY, BranchEngine(heavy_lm, config=config, name=HEAVY)))
 
-    def generate(self, prompt, mode: str, session_id: int = 1, end_id: int | None = None,
+    def generate(self, prompt, mode: Mode | str, session_id: int = 1, end_id: int | None = None,
                  **knobs) -> tuple[list[int], RequestStats]:
         """Run one request (``knobs``: request inputs such as max_tokens, block_size)."""
         return asyncio.run(self.generate_async(prompt, mode, session_id, end_id, **knobs))
 
-    async def generate_async(self, prompt, mode: str, session_id: int = 1, end_id: int | None = None,
+    async def generate_async(self, prompt, mode: Mode | str, session_id: int = 1, end_id: int | None = None,
                              **knobs) -> tuple[list[int], RequestStats]:
         params = RouterDefaults().request_params({"router_mode": mode, **knobs})
         request = GenerationRequest(tuple(int(t) for t in prompt), params, end_id=end_id)

@@ -11,7 +11,8 @@ Failure handling:
   with exponential backoff, each retry on a fresh channel, then fails with a ``BranchError``
   naming the URL and model. Retrying a step is safe even if the server did run it: a step
   first truncates the session to ``keep_len``, so running it twice leaves the same cache;
-- a remote error whose message carries ``SessionMissing`` becomes ``SessionMissing``.
+- a remote error whose message reports a missing session (``branch_protocol.is_session_missing``)
+  becomes ``SessionMissing``.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tokenrouter_backend.core.branch_protocol import (
     BranchOp,
     BranchResult,
     SessionMissing,
+    is_session_missing,
     op_to_arrays,
     result_from_arrays,
 )
@@ -38,7 +40,6 @@ DEFAULT_TIMEOUT_S = 60.0  # deadline of one step (a long prefill on a busy heavy
 DEFAULT_CONNECT_RETRIES = 3  # retries after the first attempt when the server is unreachable
 DEFAULT_BACKOFF_S = 0.25  # first retry delay; doubles each retry
 MAX_BACKOFF_S = 2.0  # cap of one retry delay
-SESSION_MISSING_TAG = "SessionMissing"  # branch glue puts the exception class in the message
 RECONNECT_BACKOFF_MS = 100  # gRPC's own reconnect delay after a refused connect (default 1 s)
 
 _UNREACHABLE = ("StatusCode.UNAVAILABLE",)
@@ -157,7 +158,7 @@ class RemoteBranch(Branch):
 
     def _error(self, exc: Exception) -> BranchError:
         msg = _message(exc)
-        if SESSION_MISSING_TAG in msg:
+        if is_session_missing(msg):
             return SessionMissing(f"{self.where}: {msg}")
         if any(code in _status(exc) for code in _TIMED_OUT):
             return BranchError(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")

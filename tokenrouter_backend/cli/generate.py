@@ -6,6 +6,7 @@ import json
 import sys
 
 from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
+from tokenrouter_backend.core.names import MODES, SCHEDULES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,13 +16,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream", action="store_true", help="stream tokens as they become final")
     p.add_argument("--json", action="store_true", help="print text_output and routing stats as JSON")
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--mode", dest="router_mode", choices=["heavy", "light", "verify", "route"], default=None)
+    p.add_argument("--mode", dest="router_mode", choices=list(MODES), default=None)
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", dest="random_seed", type=int, default=None)
     p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--block-schedule", choices=["fixed", "heuristic"], default=None)
+    p.add_argument("--block-schedule", choices=list(SCHEDULES), default=None)
     p.add_argument("--confidence-threshold", type=float, default=None)
     p.add_argument("--entropy-threshold", type=float, default=None)
     p.add_argument("--rollback-threshold", type=float, default=None)

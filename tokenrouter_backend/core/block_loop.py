@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -28,8 +28,9 @@ from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculativ
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, Sampling, SessionMissing
 from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_HEAVY, ACTION_LIGHT, ACTION_VERIFY, BlockHooks, BlockRecord
+from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterParams
-from tokenrouter_backend.core.stats import HEAVY, LIGHT, RequestStats
+from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.core.stopping import StopCriteria, find_stop
 
 # emit(new_final_tokens, stats, finished) -> awaitable or None
@@ -52,6 +53,39 @@ class GenerationRequest:
     @property
     def stop(self) -> StopCriteria:
         return StopCriteria(self.params.max_tokens, self.end_id, self.stop_sequences)
+
+
+@dataclass
+class BlockNote:
+    """What the mode functions learnt about the current block (only kept with hooks)."""
+
+    action: str = ""  # ACTION_*; "" = the mode's own (heavy / light block)
+    drafted: Sequence[int] = ()  # light drafts
+    confidence: Sequence[float] = ()  # per drafted token
+    entropy: Sequence[float] = ()  # per drafted token
+    committed_light: int = 0  # drafts that stood
+    heavy_agree: Sequence[bool] = ()  # per drafted token with a known heavy verdict
+    heavy_prob: Sequence[float] = ()  # heavy prob of those tokens
+
+
+@dataclass(frozen=True)
+class BlockStart:
+    """Counters when a block began: its BlockRecord reports the differences."""
+
+    generated: int
+    heavy_calls: int
+    heavy_ms: float
+    heavy_forward_ms: float
+    light_ms: float
+    rolled_back_tokens: int
+    started: float  # time.perf_counter()
+    block: int  # block size planned for it
+
+    @classmethod
+    def of(cls, loop: "BlockLoop") -> "BlockStart":
+        s = loop.stats
+        return cls(loop.generated, s.heavy_calls, s.heavy_ms, s.heavy_forward_ms, s.light_ms,
+                   s.rolled_back_tokens, time.perf_counter(), loop.block)
 
 
 class BranchView:
@@ -117,8 +151,8 @@ class BlockLoop:
         self.base_params = request.params  # what the request asked for; hooks may adjust per block
         self.hooks = hooks
         self.request_id = request_id
-        self._note: dict = {}  # facts about the current block, for the BlockRecord
-        self.stats = RequestStats(mode=self.params.mode, prompt_tokens=len(request.prompt))
+        self._note = BlockNote()  # facts about the current block, for the BlockRecord
+        self.stats = RequestStats(mode=str(self.params.mode), prompt_tokens=len(request.prompt))
         sid = session_id if session_id is not None else random.getrandbits(63)
         self.light = BranchView(light, sid, self.stats)
         self.heavy = BranchView(heavy, sid, self.stats)
@@ -195,10 +229,10 @@ class BlockLoop:
         self.stats.drafts_accepted += verdict.accepted
         if self.hooks is not None:
             known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
-            self._note = dict(action=ACTION_VERIFY, drafted=drafts, confidence=lres.token_probs[ln - 1 :],
-                              entropy=lres.entropy[ln - 1 :], committed_light=verdict.accepted,
-                              heavy_agree=[i < verdict.accepted for i in range(known)],
-                              heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
+            self._note = BlockNote(ACTION_VERIFY, drafted=drafts, confidence=lres.token_probs[ln - 1 :],
+                                   entropy=lres.entropy[ln - 1 :], committed_light=verdict.accepted,
+                                   heavy_agree=[i < verdict.accepted for i in range(known)],
+                                   heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
         self.commit(drafts[: verdict.accepted], LIGHT)
         self.commit([verdict.next_token], HEAVY)
         self.block = policy.next_block_size(self.params, self.block, d, verdict.accepted)
@@ -225,8 +259,9 @@ class BlockLoop:
         kept = self.commit(drafts[:confident], LIGHT)
         unsure = drafts[confident:] if not self.done else drafts[:0]
         if self.hooks is not None:
-            self._note = dict(action=ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
-                              confidence=lres.token_probs[ln - 1 :], entropy=lres.entropy[ln - 1 :], committed_light=kept)
+            self._note = BlockNote(ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
+                                   confidence=lres.token_probs[ln - 1 :], entropy=lres.entropy[ln - 1 :],
+                                   committed_light=kept)
         accepted = confident
         if len(unsure):
             q = lres.dist[-len(unsure) :] if want_dist else None
@@ -270,7 +305,7 @@ class BlockLoop:
     def _note_route_verdicts(self, hres: BranchResult, first_input: int) -> None:
         """Heavy's verdict on every token drafted in this block (all were sent to heavy)."""
         note, end = self._note, len(self.tokens)
-        drafted, kept = note.get("drafted", ()), note.get("committed_light", 0)
+        drafted, kept = note.drafted, note.committed_light
         agree, probs = [], []
         for i in range(len(drafted)):
             q = end - kept + i  # sequence position of drafted[i]
@@ -280,7 +315,7 @@ class BlockLoop:
                 continue
             agree.append(int(hres.tokens[j]) == int(drafted[i]))
             probs.append(float(hres.input_probs[j]))
-        note["heavy_agree"], note["heavy_prob"] = agree, probs
+        note.heavy_agree, note.heavy_prob = agree, probs
 
     # ---- driver -----------------------------------------------------------------------
     async def run_block(self) -> None:
@@ -288,36 +323,34 @@ class BlockLoop:
             return await self._run_block(self.params.mode)
         plan = self.hooks.plan(self.base_params, self.block)
         self.params, self.block = plan.params, plan.block
-        before = (self.generated, self.stats.heavy_calls, self.stats.heavy_ms, self.stats.heavy_forward_ms,
-                  self.stats.light_ms, self.stats.rolled_back_tokens, time.perf_counter(), self.block)
-        self._note = {}
+        before = BlockStart.of(self)
+        self._note = BlockNote()
         await self._run_block(plan.mode)
         self.hooks.after_block(self._record(plan.mode, before))
 
-    def _record(self, mode: str, before: tuple) -> BlockRecord:
-        generated, heavy_calls, heavy_ms, heavy_fwd, light_ms, rolled, t0, block = before
+    def _record(self, mode: Mode, before: BlockStart) -> BlockRecord:
         n, s = self._note, self.stats
-        default_action = ACTION_HEAVY if mode in ("heavy", "verify") else ACTION_LIGHT
-        agree = tuple(bool(a) for a in n.get("heavy_agree", ()))
+        default_action = ACTION_HEAVY if mode in (Mode.HEAVY, Mode.VERIFY) else ACTION_LIGHT
+        agree = tuple(bool(a) for a in n.heavy_agree)
         return BlockRecord(
-            request_id=self.request_id, position=generated, mode=mode, action=n.get("action", default_action),
-            block_size=block, drafted=tuple(int(t) for t in n.get("drafted", ())),
-            confidence=tuple(round(float(x), 5) for x in n.get("confidence", ())),
-            entropy=tuple(round(float(x), 5) for x in n.get("entropy", ())),
-            committed_light=int(n.get("committed_light", 0)), heavy_agree=agree,
-            heavy_prob=tuple(round(float(x), 5) for x in n.get("heavy_prob", ()))[: len(agree)],
-            rolled_back=s.rolled_back_tokens - rolled, heavy_calls=s.heavy_calls - heavy_calls,
-            heavy_ms=s.heavy_ms - heavy_ms, heavy_forward_ms=s.heavy_forward_ms - heavy_fwd,
-            light_ms=s.light_ms - light_ms, latency_ms=(time.perf_counter() - t0) * 1e3,
-            committed=self.generated - generated,
+            request_id=self.request_id, position=before.generated, mode=str(mode), action=n.action or default_action,
+            block_size=before.block, drafted=tuple(int(t) for t in n.drafted),
+            confidence=tuple(round(float(x), 5) for x in n.confidence),
+            entropy=tuple(round(float(x), 5) for x in n.entropy),
+            committed_light=int(n.committed_light), heavy_agree=agree,
+            heavy_prob=tuple(round(float(x), 5) for x in n.heavy_prob)[: len(agree)],
+            rolled_back=s.rolled_back_tokens - before.rolled_back_tokens,
+            heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
+            heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
+            latency_ms=(time.perf_counter() - before.started) * 1e3, committed=self.generated - before.generated,
         )
 
-    async def _run_block(self, mode: str) -> None:
-        if mode == "heavy":
+    async def _run_block(self, mode: Mode) -> None:
+        if mode == Mode.HEAVY:
             await self.single_branch_block(self.heavy, HEAVY)
-        elif mode == "light":
+        elif mode == Mode.LIGHT:
             await self.single_branch_block(self.light, LIGHT)
-        elif mode == "verify":
+        elif mode == Mode.VERIFY:
             await self.verify_block()
         else:
             await self.route_block()
@@ -331,7 +364,7 @@ class BlockLoop:
             new_final = len(self.tokens)
         else:
             new_final = len(self.tokens) - self.stop_holdback
-            if self.params.mode == "route":
+            if self.params.mode == Mode.ROUTE:
                 new_final = min(new_final, max(self.verified_len, len(self.tokens) - self.params.rollback_window))
         new_final = max(new_final, self.final_len)
         out = self.tokens[self.final_len : new_final]
@@ -343,7 +376,7 @@ class BlockLoop:
         s.generated_tokens = self.generated
         s.light_tokens = self.sources.count(LIGHT)
         s.heavy_tokens = self.sources.count(HEAVY)
-        if self.params.mode == "route":
+        if self.params.mode == Mode.ROUTE:
             s.drafts_accepted = s.light_tokens
         s.total_ms = (time.perf_counter() - started) * 1e3
         s.router_overhead_ms = max(0.0, s.total_ms - s.light_ms - s.heavy_ms)

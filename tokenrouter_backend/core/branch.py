@@ -16,7 +16,7 @@ from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult
 class Branch(abc.ABC):
     """One model reachable by the router."""
 
-    name: str  # "heavy" or "light": used in error messages and stats
+    name: str  # core.names HEAVY or LIGHT: used in error messages and stats
 
     @abc.abstractmethod
     async def step(self, op: BranchOp) -> BranchResult:

@@ -88,6 +88,26 @@ class SessionMissing(BranchError):
     """The session was released or expired (TTL/LRU); the caller may re-prefill."""
 
 
+# A branch error crosses Triton as a message only; a missing session is told apart by
+# this tag, which the branch model appends (``encode_error``) and callers look for.
+SESSION_MISSING_TAG = "SessionMissing"
+
+
+def encode_error(exc: Exception) -> str:
+    """The error message a branch model answers with ("... [SessionMissing]" for one)."""
+    return f"{exc} [{SESSION_MISSING_TAG}]" if isinstance(exc, SessionMissing) else str(exc)
+
+
+def is_session_missing(message: str) -> bool:
+    """Whether a branch error message (``encode_error``) reports a missing session."""
+    return SESSION_MISSING_TAG in message
+
+
+def decode_error(message: str) -> BranchError:
+    """The exception a caller raises for a branch error message."""
+    return SessionMissing(message) if is_session_missing(message) else BranchError(message)
+
+
 # Triton tensor names of the branch models (config.pbtxt of heavy and light).
 # Every input has a leading batch dimension of 1 per request (max_batch_size > 0).
 TENSOR_INPUTS = {

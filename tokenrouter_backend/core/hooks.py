@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import RouterParams
 
 # BlockRecord.action values
@@ -37,7 +38,7 @@ class BlockRecord:
 
     request_id: str
     position: int  # generated tokens before this block
-    mode: str  # mode this block ran in (after any plan change)
+    mode: str  # Mode value this block ran in (after any plan change); plain str, as logged
     action: str  # ACTION_*
     block_size: int  # k asked of the drafting branch
     drafted: tuple[int, ...]  # light drafts (empty for heavy/light blocks)
@@ -67,7 +68,7 @@ class BlockPlan:
 
     params: RouterParams
     block: int  # block size k for this block
-    mode: str  # usually params.mode; "heavy" when drafting is suspended (verify)
+    mode: Mode  # usually params.mode; Mode.HEAVY when drafting is suspended (verify)
 
 
 class BlockHooks(Protocol):

@@ -4,6 +4,10 @@
 start); ``RouterParams`` is what one request runs with: the defaults overridden by the
 request's optional inputs. Every check raises ``InvalidRequest`` naming the field, the
 value and what is allowed — never a silent fallback.
+
+Every config.pbtxt ``parameters`` string of this project (router, operations, branch
+models, preprocessing) is converted by ``parse_config_value``: one truthy set, one
+int/float rule.
 """
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-MODES = ("heavy", "light", "verify", "route")
-SCHEDULES = ("fixed", "heuristic")
+# MODES, SCHEDULES re-exported: callers validate names against them
+from tokenrouter_backend.core.names import HEAVY, LIGHT, MODES, SCHEDULES, Mode, Schedule  # noqa: F401
+
 TRUTHY = {"1", "true", "yes", "on"}
 FALSY = {"0", "false", "no", "off"}
+_ABSENT = object()  # config_value default meaning "keep the dataclass default"
 
 
 class InvalidRequest(ValueError):
@@ -26,32 +32,28 @@ class InvalidRequest(ValueError):
 class RouterDefaults:
     """Server-wide defaults and limits (config.pbtxt parameters of the router model)."""
 
-    mode: str = "verify"  # lossless by default; "route" trades exactness for speed
+    mode: Mode = Mode.VERIFY  # lossless by default; "route" trades exactness for speed
     max_tokens: int = 64  # when a request gives no max_tokens
     max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
     max_context: int = 32768  # prompt + generated tokens must fit (model's positions)
     block_size: int = 5  # first block size k (tokens drafted per light call)
     max_block_size: int = 16  # adaptive schedule never drafts more (branch max_draft_len)
-    block_schedule: str = "heuristic"  # fixed | heuristic (+2 on full accept, -1 else)
+    block_schedule: Schedule = Schedule.HEURISTIC  # fixed | heuristic (+2 on full accept, -1 else)
     confidence_threshold: float = 0.8  # route: light top-1 prob needed to commit unchecked
     entropy_threshold: float = math.inf  # route: light entropy (nats) allowed; inf = off
     rollback_threshold: float = 0.05  # route: heavy prob of a committed token below which it is rolled back
     rollback_window: int = 32  # route: unverified tokens held back (streaming) for rollback
     draft_confidence_threshold: float = 0.4  # verify: light stops drafting below this prob
-    heavy_model: str = "heavy"
-    light_model: str = "light"
+    heavy_model: str = HEAVY  # Triton model names of the branches
+    light_model: str = LIGHT
     heavy_url: str = ""  # gRPC host:port of a separate heavy server; "" = same server (BLS)
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":
         """Parse config.pbtxt parameters (string values); unknown keys are ignored."""
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name in parameters and parameters[f.name] != "":
-                values[f.name] = _convert(f.name, parameters[f.name], type(getattr(cls, f.name)))
-        defaults = cls(**values)
-        defaults.request_params({})  # validates the defaults with the request rules
-        return defaults
+        defaults = dataclass_from_config(cls, parameters)
+        checked = defaults.request_params({})  # validates the defaults with the request rules
+        return dataclasses.replace(defaults, mode=checked.mode, block_schedule=checked.block_schedule)
 
     def request_params(self, given: Mapping[str, Any]) -> "RouterParams":
         """Apply one request's optional inputs (python scalars) to these defaults."""
@@ -62,11 +64,11 @@ class RouterDefaults:
 class RouterParams:
     """What one request runs with (all fields validated)."""
 
-    mode: str
+    mode: Mode
     max_tokens: int
     block_size: int
     max_block_size: int
-    block_schedule: str
+    block_schedule: Schedule
     confidence_threshold: float
     entropy_threshold: float
     rollback_threshold: float
@@ -84,12 +86,8 @@ class RouterParams:
             value = given.get(name)
             return default if value is None else value
 
-        mode = str(pick("router_mode", d.mode)).strip().lower()
-        if mode not in MODES:
-            raise InvalidRequest(f"router_mode must be one of {', '.join(MODES)}; got {mode!r}")
-        schedule = str(pick("block_schedule", d.block_schedule)).strip().lower()
-        if schedule not in SCHEDULES:
-            raise InvalidRequest(f"block_schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+        mode = _name_in("router_mode", pick("router_mode", d.mode), Mode)
+        schedule = _name_in("block_schedule", pick("block_schedule", d.block_schedule), Schedule)
         return cls(
             mode=mode,
             max_tokens=_int_in("max_tokens", pick("max_tokens", d.max_tokens), 1, d.max_tokens_limit),
@@ -109,6 +107,14 @@ class RouterParams:
             random_seed=_int_in("random_seed", pick("random_seed", 0), 0, (1 << 64) - 1),
             stream=_bool("stream", pick("stream", False)),
         )
+
+
+def _name_in(name: str, value: Any, kind: type[Mode] | type[Schedule]):
+    """A request/config name (case and blanks ignored) -> its enum member."""
+    text = str(value).strip().lower()
+    if text not in kind.values():
+        raise InvalidRequest(f"{name} must be one of {', '.join(kind.values())}; got {text!r}")
+    return kind(text)
 
 
 def _int_in(name: str, value: Any, low: int, high: int) -> int:
@@ -135,41 +141,43 @@ def _bool(name: str, value: Any) -> bool:
     raise InvalidRequest(f"{name} must be a boolean; got {value!r}")
 
 
-def _convert(name: str, text: str, kind: type) -> Any:
-    """Config string -> typed value, with the one truthy set of this project."""
+def parse_config_value(text: str, kind: type) -> Any:
+    """One config.pbtxt string -> ``kind`` (bool: the one truthy set; int; float; else the
+    stripped text). Raises ValueError when malformed."""
     text = text.strip()
-    try:
-        if kind is bool:
-            if text.lower() in TRUTHY:
-                return True
-            if text.lower() in FALSY:
-                return False
-            raise ValueError(text)
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-        return text
-    except ValueError as exc:
-        raise InvalidRequest(f"config parameter {name} must be {kind.__name__}; got {text!r}") from exc
+    if kind is bool:
+        if text.lower() in TRUTHY:
+            return True
+        if text.lower() in FALSY:
+            return False
+        raise ValueError(text)
+    if kind is int:
+        return int(text)
+    if kind is float:
+        return float(text)
+    return text
 
 
-def parse_bool_parameter(parameters: Mapping[str, str], name: str, default: bool) -> bool:
-    """A boolean config.pbtxt parameter (same truthy set as everywhere)."""
-    if name not in parameters or parameters[name] == "":
+def config_value(parameters: Mapping[str, str], key: str, kind: type, default: Any) -> Any:
+    """A config.pbtxt parameter as ``kind``; absent or empty -> ``default``.
+
+    A malformed value raises ``InvalidRequest`` naming the parameter.
+    """
+    if key not in parameters or parameters[key] == "":
         return default
-    return _convert(name, parameters[name], bool)
+    try:
+        return parse_config_value(parameters[key], kind)
+    except ValueError as exc:
+        text = parameters[key].strip()
+        raise InvalidRequest(f"config parameter {key} must be {kind.__name__}; got {text!r}") from exc
 
 
 def dataclass_from_config(cls, parameters: Mapping[str, str], prefix: str = ""):
     """A frozen config dataclass from config.pbtxt parameters named ``prefix + field``.
 
-    Same conversion and truthy set as ``RouterDefaults``; absent or empty keys keep the
-    dataclass default; a malformed value raises ``InvalidRequest`` naming the parameter.
+    Each field is read with ``config_value`` as the type of its default; absent or empty
+    keys keep the default.
     """
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if key in parameters and parameters[key] != "":
-            values[f.name] = _convert(key, parameters[key], type(getattr(cls, f.name)))
-    return cls(**values)
+    values = {f.name: config_value(parameters, prefix + f.name, type(getattr(cls, f.name)), _ABSENT)
+              for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in values.items() if value is not _ABSENT})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenrouter_backend.core.names import Schedule
 from tokenrouter_backend.core.params import RouterParams
 
 
@@ -12,7 +13,7 @@ def next_block_size(params: RouterParams, current: int, drafted: int, accepted: 
     All drafts accepted -> draft 2 more next time; any rejected -> 1 fewer; bounded by
     [1, max_block_size]. The fixed schedule keeps the request's block_size.
     """
-    if params.block_schedule == "fixed":
+    if params.block_schedule == Schedule.FIXED:
         return params.block_size
     if drafted and accepted >= drafted:
         return min(current + 2, params.max_block_size)

@@ -5,15 +5,12 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-LIGHT = "light"
-HEAVY = "heavy"
-
 
 @dataclass
 class RequestStats:
     """Counters of one request; ``to_json`` is the ``routing_stats`` output."""
 
-    mode: str = ""
+    mode: str = ""  # the request's Mode value (plain str: this is the wire format)
     prompt_tokens: int = 0
     generated_tokens: int = 0
     light_tokens: int = 0  # generated tokens that came from the light model

@@ -15,13 +15,13 @@ torch has no simple INT8 GPU matmul path; INT8 light on GPU is the ONNX Runtime 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
 from tokenrouter_backend.engine.kv_store import KVArrays
 from tokenrouter_backend.engine.onnx_lm import ModelInfo
+from tokenrouter_backend.engine.step_timing import step_ms  # noqa: F401 - re-exported (GPU check, tests)
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float16", "float32", "bfloat16")
@@ -132,24 +132,3 @@ class TorchCausalLM:
             import torch
 
             torch.cuda.synchronize()
-
-
-def step_ms(lm, batch: int, past_len: int, new: int = 1, warmup: int = 3, repeats: int = 20) -> float:
-    """Median ms of one ``forward`` over ``new`` tokens at ``batch`` rows and ``past_len`` cached."""
-    info = lm.info
-    rng = np.random.default_rng(0)
-    past = lm.empty_past(batch)
-    if past_len:
-        ids = rng.integers(0, info.vocab_size, size=(batch, past_len))
-        _, past = lm.forward(ids, np.ones((batch, past_len), np.int64),
-                             np.tile(np.arange(past_len), (batch, 1)), past)
-    ids = rng.integers(0, info.vocab_size, size=(batch, new))
-    mask = np.ones((batch, past_len + new), dtype=np.int64)
-    pos = np.tile(np.arange(past_len, past_len + new), (batch, 1))
-    times = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        lm.forward(ids, mask, pos, past)  # logits come to the host: synchronous
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))

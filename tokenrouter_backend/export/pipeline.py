@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
+from tokenrouter_backend.engine.step_timing import step_ms
 
 from . import quantize
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
@@ -38,6 +39,7 @@ RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF
 HF_DIR = "hf"  # the HF folder inside a torch-runtime branch directory
 LIGHT_QUANT_CHOICES = (quantize.AUTO, *quantize.QUANT_MODES, "none")
 BENCH_PAST = 128  # past length of the decode-step timings that pick the light quantization
+BENCH_WARMUP, BENCH_REPEATS = 2, 10  # untimed, timed steps per timing (median)
 STAMP = "stamp.json"
 TOKENIZER_DIR = "tokenizer"
 CPU_FP32_NOTE = ("heavy is FP32 on CPU: ONNX Runtime has no fast FP16 CPU kernels; "
@@ -208,14 +210,12 @@ def export_heavy(source: Source, tokenizer, work: Path, options: ExportOptions) 
 
 def measure_candidate(model_dir: Path, refs, prompts, options: ExportOptions) -> dict:
     """Top-1 agreement and decode-step ms (batch 1 and 8, past BENCH_PAST) of one quantized model."""
-    from .measure import onnx_step_ms
-
     precision = ModelInfo.load(model_dir / INFO_FILE).precision
     report = validate_onnx(model_dir, refs, prompts, precision, options.device, check=False).to_dict()
     lm = OnnxCausalLM(model_dir, device=options.device, intra_op_threads=options.threads)
     return {"top1_agreement": report["top1_agreement"], "validation": report,
-            "step_ms_b1": round(onnx_step_ms(lm, 1, BENCH_PAST), 2),
-            "step_ms_b8": round(onnx_step_ms(lm, 8, BENCH_PAST), 2),
+            "step_ms_b1": round(step_ms(lm, 1, BENCH_PAST, warmup=BENCH_WARMUP, repeats=BENCH_REPEATS), 2),
+            "step_ms_b8": round(step_ms(lm, 8, BENCH_PAST, warmup=BENCH_WARMUP, repeats=BENCH_REPEATS), 2),
             "onnx_bytes": onnx_bytes(model_dir)}
 
 

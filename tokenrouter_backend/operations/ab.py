@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import hashlib
 
+from tokenrouter_backend.core.names import Mode
+
 ARM_DEFAULT = "default"  # A/B split off (ab_route_percent = 100)
 ARM_TOKEN = "token"  # A/B on: token-level routing (the configured mode)
 ARM_REQUEST = "request"  # A/B on: request-level routing (whole request on heavy)
 ARM_EXPLICIT = "explicit"  # the client chose router_mode itself: never reassigned
 ARM_OVERRIDE = "override"  # the roll-back switch forced the mode
 ARMS = (ARM_DEFAULT, ARM_TOKEN, ARM_REQUEST, ARM_EXPLICIT, ARM_OVERRIDE)
-BASELINE_MODE = "heavy"  # what the request arm runs
+BASELINE_MODE = Mode.HEAVY  # what the request arm runs
 
 
 def ab_bucket(key: str) -> float:

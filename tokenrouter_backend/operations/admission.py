@@ -14,13 +14,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from tokenrouter_backend.operations.ab import ARM_EXPLICIT, ARM_OVERRIDE, ARM_REQUEST, BASELINE_MODE, choose_arm, request_key
-from tokenrouter_backend.operations.decision_log import DEFAULT_BACKUPS, DecisionLog
 from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
-from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
-from tokenrouter_backend.operations.override import DEFAULT_CHECK_MS, OverrideWatcher
+from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
 from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.operations.ab import ARM_EXPLICIT, ARM_OVERRIDE, ARM_REQUEST, BASELINE_MODE, choose_arm, request_key
+from tokenrouter_backend.operations.decision_log import DEFAULT_BACKUPS, DecisionLog
+from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
+from tokenrouter_backend.operations.override import DEFAULT_CHECK_MS, OverrideWatcher
 from tokenrouter_backend.operations.threshold_control import ConservativeConfig, ConservativeStart, DynamicConfig, DynamicThreshold
 
 
@@ -115,7 +116,7 @@ class Operations:
         if self.metrics is not None:
             self.metrics.submit(self._request_updates(admission, stats) + self._gauge_updates())
 
-    def fail(self, mode: str, arm: str, reason: str) -> None:
+    def fail(self, mode: Mode, arm: str, reason: str) -> None:
         if self.metrics is not None:
             from tokenrouter_backend.operations.metrics import failure_updates  # noqa: PLC0415
             self.metrics.submit(failure_updates(mode, arm, reason) + self._gauge_updates())
@@ -133,8 +134,8 @@ class Operations:
                ("tokenrouter_router_route_threshold", {}, self.conservative.floor(self.conservative.target)),
                ("tokenrouter_router_decision_log_dropped_total", {}, 0),
                ("tokenrouter_router_metric_updates_dropped_total", {}, 0)]
-        out += [("tokenrouter_router_override_active", {"mode": m}, float(m == forced))
-                for m in ("heavy", "light", "verify", "route")]
+        out += [("tokenrouter_router_override_active", {"mode": m.value}, float(m == forced))
+                for m in Mode]
         out += self._dropped_increments()
         return out
 
@@ -165,7 +166,7 @@ class RequestHooks:
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
-        if params.mode == "route":
+        if params.mode == Mode.ROUTE:
             threshold = self.ops.conservative.floor(self.dynamic.threshold(params.confidence_threshold))
             if threshold != params.confidence_threshold:
                 params = dataclasses.replace(params, confidence_threshold=threshold)

@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
+from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import RouterParams
 
 LEVEL_NORMAL, LEVEL_CAPPED, LEVEL_RELIEVED = 0, 1, 2
@@ -110,12 +111,13 @@ class LoadController:
         if not self.config.control:
             return BlockPlan(params, block, params.mode)
         c, mode = self.config, params.mode
-        if mode == "verify" and self.suspended:
+        if mode == Mode.VERIFY and self.suspended:
             self._suspended_blocks += 1
             # heavy-only block; a probe drafts a full block_size to measure acceptance again
-            return BlockPlan(params, params.block_size, "verify" if self._suspended_blocks % max(1, c.probe_every) == 0 else "heavy")
+            probe = self._suspended_blocks % max(1, c.probe_every) == 0
+            return BlockPlan(params, params.block_size, Mode.VERIFY if probe else Mode.HEAVY)
         block = min(block, self.block_cap(params.max_block_size))
-        if mode == "route" and self.saturated and params.confidence_threshold > c.confidence_floor:
+        if mode == Mode.ROUTE and self.saturated and params.confidence_threshold > c.confidence_floor:
             relieved = max(c.confidence_floor, params.confidence_threshold - c.confidence_relief)
             params = dataclasses.replace(params, confidence_threshold=relieved)
         return BlockPlan(params, block, mode)

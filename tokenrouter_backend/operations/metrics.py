@@ -17,7 +17,8 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from tokenrouter_backend.core.stats import HEAVY, LIGHT, RequestStats
+from tokenrouter_backend.core.names import HEAVY, LIGHT
+from tokenrouter_backend.core.stats import RequestStats
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
@@ -98,11 +99,15 @@ def request_updates(stats: RequestStats, arm: str) -> list[Update]:
 
 
 def failure_updates(mode: str, arm: str, reason: str) -> list[Update]:
-    return [("tokenrouter_router_requests_total", {"mode": mode, "arm": arm, "finish_reason": reason}, 1)]
+    """``mode``: a Mode (or its value); labels carry the plain value."""
+    return [("tokenrouter_router_requests_total", {"mode": str(mode), "arm": arm, "finish_reason": reason}, 1)]
 
 
-class _SumCount:
-    """Histogram stand-in for python backends without HISTOGRAM: ``<name>_sum``/``_count`` counters."""
+class SumCount:
+    """Histogram stand-in for python backends without HISTOGRAM: ``<name>_sum``/``_count`` counters.
+
+    Shared with the branch models' metrics (serving/branch_model.py).
+    """
 
     def __init__(self, total, count):
         self.total, self.count = total, count
@@ -174,7 +179,7 @@ class RouterMetrics:
     def _metric(self, spec: MetricSpec, labels: dict):
         family = self.families[spec.name]
         if isinstance(family, tuple):
-            return _SumCount(family[0].Metric(labels=labels), family[1].Metric(labels=labels))
+            return SumCount(family[0].Metric(labels=labels), family[1].Metric(labels=labels))
         if spec.kind == HISTOGRAM:
             return family.Metric(labels=labels, buckets=list(spec.buckets))
         return family.Metric(labels=labels)

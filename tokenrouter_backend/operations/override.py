@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable
 
-from tokenrouter_backend.core.params import MODES
+from tokenrouter_backend.core.names import MODES, Mode
 
 DEFAULT_CHECK_MS = 1000  # override_check_ms default
 
@@ -28,9 +28,9 @@ class OverrideWatcher:
         self.path, self.check_s, self.clock, self.warn = path, check_ms / 1e3, clock, warn
         self._next_check = 0.0
         self._signature: tuple | None = None
-        self._mode: str | None = None
+        self._mode: Mode | None = None
 
-    def mode(self) -> str | None:
+    def mode(self) -> Mode | None:
         now = self.clock()
         if now >= self._next_check:
             self._next_check = now + self.check_s
@@ -50,11 +50,12 @@ class OverrideWatcher:
             self._mode = parse_override(open(self.path, encoding="utf-8").read())
             self._signature = signature
         except (OSError, ValueError) as exc:
-            self.warn(f"override file {self.path}: {exc}; keeping mode {self._mode!r}")
+            kept = None if self._mode is None else self._mode.value
+            self.warn(f"override file {self.path}: {exc}; keeping mode {kept!r}")
 
 
-def parse_override(text: str) -> str | None:
-    """'{"mode": "heavy"}' -> "heavy"; '{}' / '{"mode": null}' / '' -> None; else ValueError."""
+def parse_override(text: str) -> Mode | None:
+    """'{"mode": "heavy"}' -> Mode.HEAVY; '{}' / '{"mode": null}' / '' -> None; else ValueError."""
     if not text.strip():
         return None
     data = json.loads(text)
@@ -65,4 +66,4 @@ def parse_override(text: str) -> str | None:
         return None
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    return mode
+    return Mode(mode)

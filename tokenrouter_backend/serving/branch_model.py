@@ -8,15 +8,17 @@ live in this instance: keep ``instance_group { count: 1 }``.
 """
 from __future__ import annotations
 
-import json
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from tokenrouter_backend.core.branch_protocol import encode_error, op_from_arrays, result_to_arrays
+from tokenrouter_backend.core.params import parse_config_value
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
-from tokenrouter_backend.core.branch_protocol import SessionMissing, op_from_arrays, result_to_arrays
+from tokenrouter_backend.operations.metrics import SumCount
+from tokenrouter_backend.serving.tensors import config_parameters
 
 DEVICES = ("cpu", "cuda", "tensorrt")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime; torch: transformers on torch
@@ -40,7 +42,7 @@ class BranchParams:
 
 
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
-    """The one parser of branch parameters; raises ValueError naming the key and value."""
+    """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
     known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
              "kv_cache_budget_mb", "max_batch", "runtime", "hf_dir", "dtype"}
     for key, value in raw.items():
@@ -54,7 +56,7 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         if key not in raw:
             return default
         try:
-            value = kind(raw[key])
+            value = parse_config_value(raw[key], kind)
         except ValueError:
             raise ValueError(f"{branch}: parameter '{key}' must be a {kind.__name__}, got {raw[key]!r}") from None
         if value < low:
@@ -137,23 +139,12 @@ class BranchMetrics:
             self.forward_ms.observe(ms)
 
 
-class _SumCount:
-    """Histogram stand-in (counters ``<name>_sum``/``<name>_count``) for stubs without HISTOGRAM."""
-
-    def __init__(self, name: str, description: str, labels: dict):
-        counter = pb_utils.MetricFamily.COUNTER
-        self.sum = _family(f"{name}_sum", description + " (sum)", counter).Metric(labels)
-        self.count = _family(f"{name}_count", description + " (count)", counter).Metric(labels)
-
-    def observe(self, value: float) -> None:
-        self.sum.increment(value)
-        self.count.increment(1)
-
-
 def _histogram(name: str, description: str, buckets: list, labels: dict):
     kind = getattr(pb_utils.MetricFamily, "HISTOGRAM", None)
-    if kind is None:
-        return _SumCount(name, description, labels)
+    if kind is None:  # stubs without HISTOGRAM: counters <name>_sum / <name>_count
+        counter = pb_utils.MetricFamily.COUNTER
+        return SumCount(_family(f"{name}_sum", description + " (sum)", counter).Metric(labels),
+                        _family(f"{name}_count", description + " (count)", counter).Metric(labels))
     return _family(name, description, kind).Metric(labels, buckets=buckets)
 
 
@@ -162,9 +153,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict) -> None:
         self.name = args["model_name"]
-        config = json.loads(args["model_config"])
-        raw = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.params = parse_params(raw, self.name)
+        self.params = parse_params(config_parameters(args), self.name)
         version_dir = Path(args["model_repository"]) / args["model_version"]
         model, model_dir = load_model(self.params, version_dir)
         self.engine = BranchEngine(model, config=self.params.engine, name=self.name)
@@ -193,7 +182,7 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"{self.name}: engine failed:\n{traceback.format_exc()}")
             results = [RuntimeError(f"{self.name}: internal error: {type(exc).__name__}: {exc}")] * len(ops)
         for i, result in zip(where, results):
-            responses[i] = _error(_message(result)) if isinstance(result, Exception) else _response(result)
+            responses[i] = _error(encode_error(result)) if isinstance(result, Exception) else _response(result)
         self._record_metrics()
         return responses
 
@@ -219,11 +208,6 @@ def _input(request, name: str):
 def _response(result):
     tensors = [pb_utils.Tensor(name, array) for name, array in result_to_arrays(result).items()]
     return pb_utils.InferenceResponse(output_tensors=tensors)
-
-
-def _message(exc: Exception) -> str:
-    # the router (BLS or remote) recognises an expired session by its class name
-    return f"{exc} [SessionMissing]" if isinstance(exc, SessionMissing) else str(exc)
 
 
 def _error(message: str):

@@ -7,6 +7,7 @@ context length) are checked here.
 from __future__ import annotations
 
 from tokenrouter_backend.core.block_loop import GenerationRequest
+from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.stopping import split_stop_ids
 from tokenrouter_backend.serving.tensors import input_array, input_scalar
@@ -33,7 +34,7 @@ STOP_INPUT = "STOP_IDS"
 END_ID_INPUT = "END_ID"
 
 
-def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: str | None = None) -> GenerationRequest:
+def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: Mode | None = None) -> GenerationRequest:
     """Build the core request; raises InvalidRequest naming the field."""
     given = {field: input_scalar(pb_utils, request, name) for field, name in OPTIONAL_INPUTS.items()}
     if override_mode:

@@ -18,6 +18,7 @@ from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.branch_protocol import BranchError
 from tokenrouter_backend.core.detokenize import stream_window
+from tokenrouter_backend.core.names import HEAVY, LIGHT
 from tokenrouter_backend.operations.admission import Operations
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.serving.request import parse_request
@@ -64,7 +65,7 @@ class RouterModel:
         self.defaults = RouterDefaults.from_config(config_parameters(args))
         self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
         self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
-        self.light = BlsBranch("light", self.defaults.light_model, pb_utils)
+        self.light = BlsBranch(LIGHT, self.defaults.light_model, pb_utils)
         self.heavy = self._heavy_branch()
         self.inflight: set[asyncio.Task] = set()
 
@@ -72,9 +73,9 @@ class RouterModel:
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
         url = resolve_heavy_url(self.defaults.heavy_url)
         if not url:
-            return BlsBranch("heavy", self.defaults.heavy_model, self.pb)
+            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb)
         self.logger.log_info(f"router: heavy branch is remote at {url}")
-        return RemoteBranch("heavy", url, model=self.defaults.heavy_model)
+        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model)
 
     async def execute(self, requests) -> None:
         loop = asyncio.get_running_loop()

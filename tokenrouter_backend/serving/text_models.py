@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenrouter_backend.core.detokenize import Detokenizer
+from tokenrouter_backend.core.params import config_value, parse_config_value
 from tokenrouter_backend.serving.tensors import config_parameters, error_response, input_array, input_scalar, input_strings
 
 TOKENIZER_DIR = "tokenizer"
@@ -31,9 +32,10 @@ class PreprocessingModel:
         self.pb = pb_utils
         params = config_parameters(args)
         self.tokenizer = load_tokenizer(args, params)
-        self.default_end_id = int(params.get("end_id", "-1") or -1)  # filled by the exporter
+        self.default_end_id = config_value(params, "end_id", int, -1)  # filled by the exporter
         # document-end tokens besides end_id (exporter-filled); each is a one-token stop sequence
-        self.stop_token_ids = [int(t) for t in params.get("stop_token_ids", "").split(",") if t.strip()]
+        self.stop_token_ids = [parse_config_value(t, int) for t in params.get("stop_token_ids", "").split(",")
+                               if t.strip()]
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def execute(self, requests):
