@@ -86,7 +86,6 @@ def tiny_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     from tokenrouter_backend.export.pipeline import ExportOptions, export_pair
     from tokenrouter_backend.export.tiny_pair import build_tiny_pair
-
     from tokenrouter_backend.server import paths
 
     heavy, light = build_tiny_pair(paths.tiny_dir())

@@ -6,13 +6,21 @@ import os
 
 import pytest
 
-from tokenrouter_backend.operations.ab import ARM_DEFAULT, ARM_EXPLICIT, ARM_OVERRIDE, ARM_REQUEST, ARM_TOKEN, ab_bucket, choose_arm
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.operations.admission import Operations, RequestInfo
-from tokenrouter_backend.operations.override import OverrideWatcher, parse_override
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from support.fakes import make_pair
 from support.ops_helpers import PROMPTS
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.operations.ab import (
+    ARM_DEFAULT,
+    ARM_EXPLICIT,
+    ARM_OVERRIDE,
+    ARM_REQUEST,
+    ARM_TOKEN,
+    ab_bucket,
+    choose_arm,
+)
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
+from tokenrouter_backend.operations.override import OverrideWatcher, parse_override
 
 ROUTE = RouterDefaults(mode="route")
 

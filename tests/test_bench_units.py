@@ -7,9 +7,9 @@ import pytest
 
 from tokenrouter_backend.client import load
 from tokenrouter_backend.client.bench import make_arms
+from tokenrouter_backend.client.quality import compare_tokens, humaneval_passed, truncate_humaneval
 from tokenrouter_backend.client.records import RunRecord
 from tokenrouter_backend.client.scoring import paired_ratios, spread, summarize
-from tokenrouter_backend.client.quality import compare_tokens, humaneval_passed, truncate_humaneval
 from tokenrouter_backend.client.workloads import ALL_WORKLOADS, HUMANEVAL, humaneval_problems, load_workloads
 
 

@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from support.fakes import VOCAB, FakeBranch, ToyLM, make_pair
 from tokenrouter_backend.core.block_loop import BlockLoop, GenerationRequest, RequestCancelled, generate
 from tokenrouter_backend.core.params import RouterDefaults
-from support.fakes import VOCAB, FakeBranch, ToyLM, make_pair
 
 PROMPTS = [tuple(int(x) for x in np.random.default_rng(i).integers(0, VOCAB, size=3 + i % 7)) for i in range(24)]
 
@@ -79,12 +79,12 @@ def test_route_mixes_and_rolls_back():
         )
         loop = BlockLoop(GenerationRequest(prompt, params), light, heavy, session_id=1)
 
-        async def drive():
+        async def drive(loop: BlockLoop) -> None:
             while not loop.done:
                 await loop.run_block()
             await loop.release()
 
-        asyncio.run(drive())
+        asyncio.run(drive(loop))
         total_rollbacks += loop.stats.rollbacks
         # every token the heavy model vouched for is exactly heavy-greedy
         ref, _, _, _ = run(prompt, "heavy", max_tokens=40)
@@ -97,7 +97,8 @@ def test_route_streams_nothing_rollback_can_touch():
     light, heavy = FakeBranch("light", ToyLM(seed=3, noise=1.5)), FakeBranch("heavy", ToyLM())
     chunks = []
     params = RouterDefaults().request_params(
-        {"router_mode": "route", "max_tokens": 60, "confidence_threshold": 0.3, "rollback_threshold": 1.0, "rollback_window": 4}
+        {"router_mode": "route", "max_tokens": 60, "confidence_threshold": 0.3, "rollback_threshold": 1.0,
+         "rollback_window": 4}
     )
 
     def emit(tokens, stats, finished):

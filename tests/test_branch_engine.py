@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from support.fixtures_engine import ToyLM
-from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
-from tokenrouter_backend.engine.kv_store import KVShape, KVStore
 from tokenrouter_backend.core.sampling import entropy, softmax
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.engine.kv_store import KVShape, KVStore
 
 PROMPTS = {1: (3, 4, 5), 2: (7,), 3: (9, 8, 7, 6, 5, 4, 3, 2), 4: (11, 12)}
 
@@ -54,7 +54,7 @@ def step_ops():
 def test_prefill_matches_uncached_model():
     model = ToyLM()
     results = prefill(engine(model))
-    for (sid, ids), res in zip(PROMPTS.items(), results):
+    for ids, res in zip(PROMPTS.values(), results):
         tokens, top1, probs = full_prefix_greedy(model, ids)
         np.testing.assert_array_equal(res.tokens, tokens)
         np.testing.assert_allclose(res.token_probs, top1, atol=1e-5)
@@ -238,7 +238,7 @@ def onnx_lm(tiny_qwen_dir):
 def test_onnx_prefill_matches_uncached(onnx_lm):
     prompts = {1: (3, 4, 5, 100, 200), 2: (7,), 3: tuple(range(20, 40))}
     results = prefill(engine(onnx_lm), prompts)
-    for (sid, ids), res in zip(prompts.items(), results):
+    for ids, res in zip(prompts.values(), results):
         tokens, top1, _ = full_prefix_greedy(onnx_lm, ids)
         np.testing.assert_array_equal(res.tokens, tokens)
         np.testing.assert_allclose(res.token_probs, top1, atol=1e-4)

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
-from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
-
-from tokenrouter_backend.server import process as launcher
 import tritonclient.http as httpclient
+
+from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.server import process as launcher
 
 pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 

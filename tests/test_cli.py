@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter_backend.cli import main as cli
 from support.triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
+from tokenrouter_backend.cli import main as cli
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVE_TIMEOUT_S = 120

@@ -5,10 +5,10 @@ import dataclasses
 import json
 import time
 
-from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY
 from support.fakes import make_pair
 from support.ops_helpers import PROMPTS, Recorder, run_one
+from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY
+from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 
 
 def test_verify_records_cover_every_token_and_agree_with_stats():

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tokenrouter_backend.export import demo_pair
-from tokenrouter_backend.server import paths
 from tokenrouter_backend.export.demo_pair import CarrierSpec, ChecksumMismatch, fetch, fetch_demo_pair
+from tokenrouter_backend.server import paths
 
 VERSION = "1.2.3"
 

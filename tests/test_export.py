@@ -12,8 +12,13 @@ import pytest
 from tokenrouter_backend.export import pipeline, quantize
 from tokenrouter_backend.export.pipeline import ExportOptions, TokenizerMismatch, export_pair
 from tokenrouter_backend.export.repository import TemplateError, fill_repository, fill_text
-from tokenrouter_backend.export.validate import (FP32_REL_TOL, INT8_MIN_AGREEMENT, ValidationError, prompt_ids,
-                             validate_onnx)
+from tokenrouter_backend.export.validate import (
+    FP32_REL_TOL,
+    INT8_MIN_AGREEMENT,
+    ValidationError,
+    prompt_ids,
+    validate_onnx,
+)
 
 INT8_SANE_FLOOR = 0.85  # tiny pair, top-1 vs transformers FP32 (measured ~0.95)
 

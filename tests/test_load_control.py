@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.hooks import BlockRecord
-from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
-from tokenrouter_backend.operations.admission import Operations, RequestInfo
-from tokenrouter_backend.core.params import RouterDefaults
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, run_one
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.hooks import BlockRecord
+from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
+from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
 
 LOAD = {"load_control": "true", "load_queue_high_ms": "4", "load_queue_low_ms": "2", "load_min_observations": "10"}
 
@@ -34,7 +34,7 @@ def serve(ops, prompts, light, heavy, **given):
         adm = ops.admit(RequestInfo(f"r{i}", prompt, explicit_mode=True), params)
         out = []
         stats = asyncio.run(generate(GenerationRequest(prompt, adm.params), light, heavy,
-                                     lambda t, s, f: out.extend(t), hooks=adm.hooks))
+                                     lambda t, s, f, out=out: out.extend(t), hooks=adm.hooks))
         outputs.append(out)
         totals["tokens"] += stats.generated_tokens
         totals["light_tokens"] += stats.light_tokens
@@ -92,7 +92,8 @@ def test_verify_stops_drafting_when_acceptance_collapses_and_resumes(capsys):
     _, h_back, l_back, _ = serve(ops, PROMPTS[:8], light, heavy, **verify)
     with capsys.disabled():
         print(f"\nverify, acceptance {acc_good:.2f} -> {acc_bad:.2f}: light calls/token "
-              f"{l_bad_off:.3f} (no control) vs {l_bad:.3f} (control), heavy calls/token {h_bad_off:.3f} vs {h_bad:.3f};"
+              f"{l_bad_off:.3f} (no control) vs {l_bad:.3f} (control), "
+              f"heavy calls/token {h_bad_off:.3f} vs {h_bad:.3f};"
               f" recovered: light {l_back:.3f} heavy {h_back:.3f} (before: {l_good:.3f} {h_good:.3f})")
     assert l_bad < 0.5 * l_bad_off and h_bad <= h_bad_off + 0.05
     assert abs(h_back - h_good) < 0.05

@@ -4,14 +4,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import defaultdict
 
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.operations.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
-from tokenrouter_backend.operations.admission import Operations, RequestInfo
-from tokenrouter_backend.core.params import RouterDefaults
 from support.fakes import StubFamily, make_pair
 from support.ops_helpers import PROMPTS
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
+from tokenrouter_backend.operations.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
+
 
 class StubPb:
     MetricFamily = StubFamily
@@ -61,9 +61,12 @@ def test_counters_add_up_to_request_stats():
     for mode in ("verify", "route", "heavy"):
         ss = [s for s in stats if s.mode == mode]
         assert total("tokenrouter_router_requests_total", mode=mode, arm="explicit") == len(ss)
-        assert total("tokenrouter_router_generated_tokens_total", mode=mode, branch="light") == sum(s.light_tokens for s in ss)
-        assert total("tokenrouter_router_generated_tokens_total", mode=mode, branch="heavy") == sum(s.heavy_tokens for s in ss)
-        assert total("tokenrouter_router_branch_calls_total", mode=mode, branch="heavy") == sum(s.heavy_calls for s in ss)
+        assert (total("tokenrouter_router_generated_tokens_total", mode=mode, branch="light")
+                == sum(s.light_tokens for s in ss))
+        assert (total("tokenrouter_router_generated_tokens_total", mode=mode, branch="heavy")
+                == sum(s.heavy_tokens for s in ss))
+        assert (total("tokenrouter_router_branch_calls_total", mode=mode, branch="heavy")
+                == sum(s.heavy_calls for s in ss))
         assert total("tokenrouter_router_drafts_accepted_total", mode=mode) == sum(s.drafts_accepted for s in ss)
         assert total("tokenrouter_router_rollbacks_total", mode=mode) == sum(s.rollbacks for s in ss)
     e2e = StubFamily.created["tokenrouter_router_e2e_ms"]

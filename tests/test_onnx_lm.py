@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenrouter_backend.export.validate import batch_step
 from tokenrouter_backend.engine.onnx_lm import ModelInfo, OnnxCausalLM
+from tokenrouter_backend.export.validate import batch_step
 
 TOL = 1e-4
 

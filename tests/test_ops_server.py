@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 import urllib.request
-import shutil
 from pathlib import Path
 
 import pytest

@@ -8,6 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from support.fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
+from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.branch_protocol import (
     BranchError,
     BranchOp,
@@ -15,9 +17,6 @@ from tokenrouter_backend.core.branch_protocol import (
     Sampling,
     SessionMissing,
 )
-from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
-
-from support.fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
 
 FAST = dict(timeout_s=5.0, connect_retries=2, backoff_s=0.05)
 

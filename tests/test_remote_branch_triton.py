@@ -11,16 +11,15 @@ import time
 
 import pytest
 
+from support.triton_repo import write_python_model  # pytest puts tests/ on sys.path
+from tokenrouter_backend.branches.remote import RemoteBranch
 from tokenrouter_backend.core.branch_protocol import (
     TENSOR_INPUTS,
     BranchError,
     BranchOp,
     SessionMissing,
 )
-from tokenrouter_backend.branches.remote import RemoteBranch
 from tokenrouter_backend.server.ports import free_ports
-
-from support.triton_repo import write_python_model  # pytest puts tests/ on sys.path
 
 pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from support.fakes import FakeBranch, ToyLM
+from support.ops_helpers import PROMPTS, Recorder, heavy_agreement, run_one
 from tokenrouter_backend.cli import replay as replay_cli
 from tokenrouter_backend.operations import replay
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
-from support.fakes import FakeBranch, ToyLM
-from support.ops_helpers import PROMPTS, Recorder, heavy_agreement, run_one
 
 THRESHOLDS = (0.5, 0.7, 0.9)
 
@@ -79,7 +79,8 @@ def test_cli_prints_grid_and_refuses_non_verify_logs(tmp_path, capsys):
 
 
 def test_predict_edges():
-    v = replay.Verdicts(np.array([0.95, 0.6, 0.3]), np.zeros(3), np.array([True, False, False]), np.array([0.9, 0.01, 0.2]))
+    v = replay.Verdicts(np.array([0.95, 0.6, 0.3]), np.zeros(3), np.array([True, False, False]),
+                        np.array([0.9, 0.01, 0.2]))
     p = replay.predict(v, 0.5)
     # 0.95 light ok; 0.6 light wrong but rolled back (0.01 < 0.05); 0.3 heavy
     assert p.light_share == 1 / 3 and p.agreement == 1.0 and p.rollback_rate == 1 / 3

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from support.triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.install import TritonInstall, server_environment
 from tokenrouter_backend.server.logs import parse_model_errors
 from tokenrouter_backend.server.process import TritonServer, process_group_pids
-from support.triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 
 
 def _get_status(url: str) -> int:

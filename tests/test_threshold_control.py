@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+from test_load_control import serve
 
-from tokenrouter_backend.operations.admission import Operations, RequestInfo
-from tokenrouter_backend.core.params import RouterDefaults
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, heavy_agreement, run_one
-from test_load_control import serve
+from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
 
 ROUTE = RouterDefaults(mode="route", confidence_threshold=0.7)
 

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from tokenrouter_backend.branches.local_pair import LocalPair
+from tokenrouter_backend.core.branch_protocol import BranchOp
+from tokenrouter_backend.engine.branch_engine import BranchEngine
+from tokenrouter_backend.engine.kv_store import KVShape, KVStore
+from tokenrouter_backend.engine.onnx_lm import ModelInfo, OnnxCausalLM
+from tokenrouter_backend.engine.torch_lm import TorchCausalLM, hf_folder, resolve_dtype, step_ms
 from tokenrouter_backend.export.pipeline import ExportOptions, export_pair
 from tokenrouter_backend.export.tiny_pair import build_tiny_pair
 from tokenrouter_backend.server import paths
-from tokenrouter_backend.engine.branch_engine import BranchEngine
-from tokenrouter_backend.core.branch_protocol import BranchOp
-from tokenrouter_backend.engine.kv_store import KVShape, KVStore
-from tokenrouter_backend.branches.local_pair import LocalPair
-from tokenrouter_backend.engine.onnx_lm import ModelInfo, OnnxCausalLM
-from tokenrouter_backend.engine.torch_lm import TorchCausalLM, hf_folder, resolve_dtype, step_ms
 
 PROB_TOL = 1e-4  # FP32 ONNX (eager attention traced) vs FP32 torch (sdpa)
 PROMPTS = [(3, 4, 5, 100, 200), (7,), tuple(range(20, 40)), (250, 251, 9, 9, 9)]

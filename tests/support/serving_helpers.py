@@ -10,7 +10,6 @@ import json
 import queue
 import re
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.branches.in_process import InProcessBranch
-from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterDefaults
 from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class LocalPair:
     heavy: InProcessBranch
 
     @classmethod
-    def of(cls, light_lm, heavy_lm, config: EngineConfig = EngineConfig()) -> "LocalPair":
+    def of(cls, light_lm, heavy_lm, config: EngineConfig | None = None) -> "LocalPair":
+        config = config or EngineConfig()
         return cls(InProcessBranch(LIGHT, BranchEngine(light_lm, config=config, name=LIGHT)),
                    InProcessBranch(HEAVY, BranchEngine(heavy_lm, config=config, name=HEAVY)))
 

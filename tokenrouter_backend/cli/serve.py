@@ -12,8 +12,14 @@ from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.logs import tail
 from tokenrouter_backend.server.ports import LOOPBACK
 from tokenrouter_backend.server.process import (
-    DEFAULT_READY_TIMEOUT_S, DEFAULT_SHM_BYTES, DEFAULT_SHM_GROWTH_BYTES, MIB, MODEL_CONTROL_MODES,
-    POLL_INTERVAL_S, TritonServer)
+    DEFAULT_READY_TIMEOUT_S,
+    DEFAULT_SHM_BYTES,
+    DEFAULT_SHM_GROWTH_BYTES,
+    MIB,
+    MODEL_CONTROL_MODES,
+    POLL_INTERVAL_S,
+    TritonServer,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

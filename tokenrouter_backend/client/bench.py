@@ -71,7 +71,7 @@ def run_one(arm: Arm, prompt: Prompt, repeat: int, order: int, max_tokens: int, 
             run_triton(url, arm, prompt, max_tokens, rec)
         else:
             run_peer(peers, arm, prompt, max_tokens, rec)
-    except Exception as exc:  # one failing run must not lose the others; it is reported
+    except Exception as exc:  # noqa: BLE001 - one failing run must not lose the others; it is reported
         rec.error = f"{type(exc).__name__}: {exc}"[:1000]
     return rec
 

@@ -32,14 +32,17 @@ def main(argv=None) -> int:
             print(f"{prompt.id:>12} {mode:>6}: {r.tokens} tok {r.tokens_per_s:6.2f} tok/s light {s['light_share']:.2f} "
                   f"heavy/tok {s['heavy_calls_per_token']:.2f} accepted {s['mean_accepted']:.2f}", file=sys.stderr)
     base = statistics.median(r.tokens_per_s for r in rows["heavy"])
-    print("| mode | tok/s (median) | × heavy | light share | heavy calls/token | mean accepted draft | router overhead |")
+    print("| mode | tok/s (median) | × heavy | light share | heavy calls/token | mean accepted draft "
+          "| router overhead |")
     print("|---|---|---|---|---|---|---|")
     for mode in MODES:
-        rs = rows[mode]
-        med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
+        def med(f, rs=rows[mode]):
+            return statistics.median(f(r) for r in rs)
+
         tps = med(lambda r: r.tokens_per_s)
         print(f"| {mode} | {tps:.2f} | {tps / base:.2f} | {med(lambda r: r.stats['light_share']):.0%} | "
-              f"{med(lambda r: r.stats['heavy_calls_per_token']):.2f} | {med(lambda r: r.stats['mean_accepted']):.2f} | "
+              f"{med(lambda r: r.stats['heavy_calls_per_token']):.2f} | "
+              f"{med(lambda r: r.stats['mean_accepted']):.2f} | "
               f"{med(lambda r: r.stats['router_overhead_ms'] / r.stats['total_ms']):.1%} |")
     return 0
 

@@ -27,7 +27,15 @@ from tokenrouter_backend.core import policy
 from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, Sampling, SessionMissing
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_HEAVY, ACTION_LIGHT, ACTION_VERIFY, BlockHooks, BlockRecord
+from tokenrouter_backend.core.hooks import (
+    ACTION_ACCEPT,
+    ACTION_FALLBACK,
+    ACTION_HEAVY,
+    ACTION_LIGHT,
+    ACTION_VERIFY,
+    BlockHooks,
+    BlockRecord,
+)
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterParams
 from tokenrouter_backend.core.stats import RequestStats

@@ -94,10 +94,14 @@ class RouterParams:
             block_size=_int_in("block_size", pick("block_size", d.block_size), 1, d.max_block_size),
             max_block_size=d.max_block_size,
             block_schedule=schedule,
-            confidence_threshold=_float_in("confidence_threshold", pick("confidence_threshold", d.confidence_threshold), 0.0, 2.0),
-            entropy_threshold=_float_in("entropy_threshold", pick("entropy_threshold", d.entropy_threshold), 0.0, math.inf),
-            rollback_threshold=_float_in("rollback_threshold", pick("rollback_threshold", d.rollback_threshold), 0.0, 1.0),
-            rollback_window=_int_in("rollback_window", pick("rollback_window", d.rollback_window), 1, d.max_tokens_limit),
+            confidence_threshold=_float_in(
+                "confidence_threshold", pick("confidence_threshold", d.confidence_threshold), 0.0, 2.0),
+            entropy_threshold=_float_in(
+                "entropy_threshold", pick("entropy_threshold", d.entropy_threshold), 0.0, math.inf),
+            rollback_threshold=_float_in(
+                "rollback_threshold", pick("rollback_threshold", d.rollback_threshold), 0.0, 1.0),
+            rollback_window=_int_in(
+                "rollback_window", pick("rollback_window", d.rollback_window), 1, d.max_tokens_limit),
             draft_confidence_threshold=_float_in(
                 "draft_confidence_threshold", pick("draft_confidence_threshold", d.draft_confidence_threshold), 0.0, 1.0
             ),

@@ -44,7 +44,8 @@ class RequestStats:
         d = dataclasses.asdict(self)
         d["light_share"] = round(self.light_share, 4)
         d["mean_accepted"] = round(self.mean_accepted, 3)
-        d["heavy_calls_per_token"] = round(self.heavy_calls / self.generated_tokens, 4) if self.generated_tokens else 0.0
+        per_token = self.heavy_calls / self.generated_tokens if self.generated_tokens else 0.0
+        d["heavy_calls_per_token"] = round(per_token, 4)
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 3)

@@ -28,8 +28,15 @@ from tokenrouter_backend.engine.step_timing import step_ms
 from . import quantize
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
 from .repository import fill_repository
-from .sources import (Source, document_end_ids, fingerprint, load_model, load_tokenizer, resolve_source,
-                      tokenizer_differences)
+from .sources import (
+    Source,
+    document_end_ids,
+    fingerprint,
+    load_model,
+    load_tokenizer,
+    resolve_source,
+    tokenizer_differences,
+)
 from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
 
 EXPORTER_VERSION = 1  # bump when the ONNX produced for the same inputs changes
@@ -166,7 +173,8 @@ def export_torch_branch(source: Source, tokenizer, work: Path, role: str, option
     half = options.device == "cuda"
     dtype = "float16" if half else "float32"
     build = BranchBuild(role, str(out_dir), str(source.path), "fp16" if half else "fp32")
-    build.notes.append(f"torch runtime: {dtype} on {options.device}" + ("; no INT8 on torch" if role == "light" else ""))
+    no_int8 = "; no INT8 on torch" if role == "light" else ""
+    build.notes.append(f"torch runtime: {dtype} on {options.device}{no_int8}")
     t0 = time.perf_counter()
     model = load_model(source)
     build.load_s = round(time.perf_counter() - t0, 2)
@@ -339,7 +347,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-validation", action="store_true", help="do not compare with transformers")
     parser.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE, help="model repository template")
     parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where branch ONNX is built (default .OUT.build beside OUT)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where branch ONNX is built (default .OUT.build beside OUT)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,9 +5,8 @@ refuses ``save_pretrained``; nothing here saves the model, only the tokenizer.
 """
 from __future__ import annotations
 
-import json
-
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -105,7 +105,7 @@ def train(model, ids, spec: TinyModelSpec, teacher=None) -> float:
     so that the pair agrees on many tokens as a real heavy/light pair does.
     """
     import torch
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: N812 - torch's own idiom
 
     gen = torch.Generator().manual_seed(SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
@@ -129,8 +129,9 @@ def train(model, ids, spec: TinyModelSpec, teacher=None) -> float:
 
 
 def _stamp_data() -> dict:
-    return {"version": BUILD_VERSION, "train_tokens": TRAIN_TOKENS, "distill_ce": DISTILL_CE_WEIGHT, "heavy": asdict(HEAVY), "light": asdict(LIGHT),
-            "vocab": VOCAB_SIZE, "seed": SEED, "files": list(CORPUS_FILES)}
+    return {"version": BUILD_VERSION, "train_tokens": TRAIN_TOKENS, "distill_ce": DISTILL_CE_WEIGHT,
+            "heavy": asdict(HEAVY), "light": asdict(LIGHT), "vocab": VOCAB_SIZE, "seed": SEED,
+            "files": list(CORPUS_FILES)}
 
 
 def is_built(out_dir: Path) -> bool:

@@ -18,11 +18,23 @@ from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
 from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
 from tokenrouter_backend.core.stats import RequestStats
-from tokenrouter_backend.operations.ab import ARM_EXPLICIT, ARM_OVERRIDE, ARM_REQUEST, BASELINE_MODE, choose_arm, request_key
+from tokenrouter_backend.operations.ab import (
+    ARM_EXPLICIT,
+    ARM_OVERRIDE,
+    ARM_REQUEST,
+    BASELINE_MODE,
+    choose_arm,
+    request_key,
+)
 from tokenrouter_backend.operations.decision_log import DEFAULT_BACKUPS, DecisionLog
 from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
 from tokenrouter_backend.operations.override import DEFAULT_CHECK_MS, OverrideWatcher
-from tokenrouter_backend.operations.threshold_control import ConservativeConfig, ConservativeStart, DynamicConfig, DynamicThreshold
+from tokenrouter_backend.operations.threshold_control import (
+    ConservativeConfig,
+    ConservativeStart,
+    DynamicConfig,
+    DynamicThreshold,
+)
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,8 @@ class Operations:
     def _dropped_increments(self) -> list:
         """Counters fed from plain ints owned by other threads: send only the increase."""
         out, seen = [], self._dropped_seen
-        for key, name, now in (("log", "tokenrouter_router_decision_log_dropped_total", self.log.dropped if self.log else 0),
+        log_dropped = self.log.dropped if self.log else 0
+        for key, name, now in (("log", "tokenrouter_router_decision_log_dropped_total", log_dropped),
                                ("metrics", "tokenrouter_router_metric_updates_dropped_total", self.metrics.dropped)):
             if now > seen[key]:
                 out.append((name, {}, now - seen[key]))

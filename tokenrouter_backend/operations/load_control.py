@@ -71,7 +71,8 @@ class LoadController:
         c = self.config
         if record.heavy_calls:
             queued = max(0.0, record.heavy_ms - record.heavy_forward_ms) / record.heavy_calls
-            self.queue_ms = queued if not self._queue_seen else (1 - c.ewma_alpha) * self.queue_ms + c.ewma_alpha * queued
+            smoothed = (1 - c.ewma_alpha) * self.queue_ms + c.ewma_alpha * queued
+            self.queue_ms = smoothed if self._queue_seen else queued
             self._queue_seen = True
         if record.heavy_agree:
             lead = next((i for i, a in enumerate(record.heavy_agree) if not a), len(record.heavy_agree))

@@ -48,7 +48,8 @@ SPECS = (
     MetricSpec("tokenrouter_router_branch_calls_total", "Branch calls (BLS) made by the router", COUNTER,
                MODE_ARM + ("branch",)),
     MetricSpec("tokenrouter_router_branch_wait_ms_total",
-               "Milliseconds requests spent awaiting a branch (hop + queue + forward)", COUNTER, MODE_ARM + ("branch",)),
+               "Milliseconds requests spent awaiting a branch (hop + queue + forward)", COUNTER,
+               MODE_ARM + ("branch",)),
     MetricSpec("tokenrouter_router_rollbacks_total", "Route rollbacks (heavy rejected a committed light token)",
                COUNTER, MODE_ARM),
     MetricSpec("tokenrouter_router_rolled_back_tokens_total", "Tokens removed by route rollbacks", COUNTER, MODE_ARM),
@@ -78,7 +79,8 @@ Update = tuple  # (metric name, labels dict, value)
 def request_updates(stats: RequestStats, arm: str) -> list[Update]:
     """The metric updates one finished request contributes (pure; what the test sums)."""
     base = {"mode": stats.mode, "arm": arm}
-    out: list[Update] = [("tokenrouter_router_requests_total", {**base, "finish_reason": stats.finish_reason or "length"}, 1)]
+    finished = {**base, "finish_reason": stats.finish_reason or "length"}
+    out: list[Update] = [("tokenrouter_router_requests_total", finished, 1)]
     for branch, tokens, calls, ms in ((LIGHT, stats.light_tokens, stats.light_calls, stats.light_ms),
                                       (HEAVY, stats.heavy_tokens, stats.heavy_calls, stats.heavy_ms)):
         labels = {**base, "branch": branch}

@@ -2,7 +2,8 @@
 
 ``model_repository/{heavy,light}/1/model.py`` is one line importing ``TritonPythonModel``.
 ``initialize`` parses config.pbtxt ``parameters`` once (``parse_params``) and loads the model
-(``runtime`` onnx: ``OnnxCausalLM``; torch: ``TorchCausalLM``, KV kept on its device); ``execute`` turns every request Triton batched into a ``BranchOp``, runs the engine
+(``runtime`` onnx: ``OnnxCausalLM``; torch: ``TorchCausalLM``, KV kept on its device);
+``execute`` turns every request Triton batched into a ``BranchOp``, runs the engine
 ONCE for all of them and answers each request with its result or its own error. Sessions
 live in this instance: keep ``instance_group { count: 1 }``.
 """
@@ -164,8 +165,9 @@ class TritonPythonModel:
             self.metrics = None
         info = model.info
         pb_utils.Logger.log_info(
-            f"{self.name}: loaded {model_dir} ({self.params.runtime}, {info.precision}, {info.num_layers} layers, vocab "
-            f"{info.vocab_size}, {info.max_position_embeddings} positions) on {self.params.device}; {self.params.engine}")
+            f"{self.name}: loaded {model_dir} ({self.params.runtime}, {info.precision}, "
+            f"{info.num_layers} layers, vocab {info.vocab_size}, {info.max_position_embeddings} positions) "
+            f"on {self.params.device}; {self.params.engine}")
 
     def execute(self, requests: list) -> list:
         responses: list = [None] * len(requests)

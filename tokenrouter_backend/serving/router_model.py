@@ -13,18 +13,18 @@ import traceback
 
 import numpy as np
 
-from tokenrouter_backend.core.block_loop import RequestCancelled, generate
 from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
+from tokenrouter_backend.core.block_loop import RequestCancelled, generate
 from tokenrouter_backend.core.branch_protocol import BranchError
 from tokenrouter_backend.core.detokenize import stream_window
 from tokenrouter_backend.core.names import HEAVY, LIGHT
-from tokenrouter_backend.operations.admission import Operations
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.serving.request import parse_request
 from tokenrouter_backend.core.stats import RequestStats
-from tokenrouter_backend.serving.tensors import config_parameters, error_response
+from tokenrouter_backend.operations.admission import Operations
+from tokenrouter_backend.serving.request import parse_request
 from tokenrouter_backend.serving.request_info import request_info
+from tokenrouter_backend.serving.tensors import config_parameters, error_response
 
 OUTPUT_IDS = "OUTPUT_IDS"
 PREFIX_LEN = "PREFIX_LEN"

@@ -12,7 +12,13 @@ import numpy as np
 
 from tokenrouter_backend.core.detokenize import Detokenizer
 from tokenrouter_backend.core.params import config_value, parse_config_value
-from tokenrouter_backend.serving.tensors import config_parameters, error_response, input_array, input_scalar, input_strings
+from tokenrouter_backend.serving.tensors import (
+    config_parameters,
+    error_response,
+    input_array,
+    input_scalar,
+    input_strings,
+)
 
 TOKENIZER_DIR = "tokenizer"
 
