@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Partial benchmark run on the demo pair (docs/benchmarks.md "Latest run"): code completion +
 # a HumanEval subset, heavy/verify/route arms + the transformers peers, 64 new tokens.
-# Usage: scripts/bench_demo.sh [OUT] [PER_WORKLOAD]   (env: PY, DEMO)
+# Usage: scripts/bench_demo.sh [OUT] [PER_WORKLOAD]
+# Env: PY (default .venv/bin/python, from `make setup`), DEMO (default $TOKENROUTER_DATA/demo,
+# the data dir defaulting to ~/.cache/tokenrouter; `tokenrouter models fetch-demo` fills it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-/work/main/.venv/bin/python}
-DEMO=${DEMO:-$HOME/.cache/tokenrouter/demo}
+PY=${PY:-.venv/bin/python}
+DEMO=${DEMO:-${TOKENROUTER_DATA:-$HOME/.cache/tokenrouter}/demo}
 OUT=${1:-bench_results/demo}
 PER=${2:-4}
 mkdir -p "$OUT"

@@ -4,18 +4,20 @@
 # loop, time heavy FP16 vs light FP16 steps (batch 1 and 8; tiny pair and a randomly
 # initialised Qwen2 1.5B/0.5B-shaped pair) and bench heavy/verify/route tokens/s.
 # Sized for < 5 minutes on an H200. No network, no venv: the machine's python3 with this
-# checkout on PYTHONPATH (see docs/deployment.md "The lent GPU machine").
+# checkout on PYTHONPATH (see docs/deployment.md "The GPU check machine").
 #
 #   bash scripts/gpu_check.sh          # GPU (fails when torch sees no CUDA device)
 #   bash scripts/gpu_check.sh --cpu    # the same steps on the CPU (small random shapes)
 #
-# Results in $OUT (device tool) or ./results/gpu_check: gpu_check_summary.txt,
+# Results in $OUT when set, else ./results/gpu_check: gpu_check_summary.txt,
 # gpu_check.log, gpu_engine.json. Exit status 0 only when every step passed.
 #
 # Environment (defaults):
 #   PYTHON=python3                  interpreter with torch (+ CUDA for the GPU run)
 #   SHAPES=1.5b,0.5b (cpu: mini,mini)  random heavy,light shapes for step times; "" = none
 #   T_TINY=240 T_ENGINE=300         per-step time limits in seconds
+#   GPU_CHECK_WORK=$TOKENROUTER_DATA/gpu_check (data dir default ~/.cache/tokenrouter)
+#                                   scratch: the tiny pair and its exported repository
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=cuda
@@ -23,7 +25,7 @@ DEVICE=cuda
 PYTHON=${PYTHON:-python3}
 if [ "$DEVICE" = cuda ]; then SHAPES=${SHAPES-1.5b,0.5b}; else SHAPES=${SHAPES-mini,mini}; fi
 RESULTS=${OUT:-results/gpu_check}
-WORK=${GPU_CHECK_WORK:-/tmp/tokenrouter-gpu-check}
+WORK=${GPU_CHECK_WORK:-${TOKENROUTER_DATA:-$HOME/.cache/tokenrouter}/gpu_check}
 mkdir -p "$RESULTS" "$WORK"
 LOG="$RESULTS/gpu_check.log"
 SUMMARY="$RESULTS/gpu_check_summary.txt"
@@ -49,7 +51,7 @@ say "== machine (device $DEVICE)"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "nvidia-smi: none"
   "$PYTHON" - <<'PY'
 import sys
-print("python", sys.version.split()[0], sys.executable)
+print("python", sys.version.split()[0], "(venv)" if sys.prefix != sys.base_prefix else "(system)")
 try:
     import torch, transformers, numpy
     print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
@@ -67,7 +69,7 @@ if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torc
   say "FAIL  torch sees no CUDA device (use --cpu for the CPU run)"; say "== result: FAIL"; exit 1
 fi
 say "NOTE  GPU path checked here: the torch runtime. ONNX Runtime's CUDA provider is not (onnxruntime-gpu"
-say "      cannot be carried); in the docker image its KV round-trips through host memory (docs/deployment.md)."
+say "      is not installed here); in the docker image its KV round-trips through host memory (docs/deployment.md)."
 
 say "== tiny pair, torch runtime"
 TINY="$WORK/tiny"

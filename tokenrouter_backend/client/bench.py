@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import report
+from .portable_paths import portable_command, portable_path
 from .records import RECORDS_JSONL, Arm, RunRecord, append_record, build_results
 from .workloads import ALL_WORKLOADS, Prompt, load_workloads
 
@@ -176,9 +177,10 @@ def execute(args, url: str | None, log=print) -> dict:
     tokenizer, scorer = _scorer_and_tokenizer(args, peers)
     config = {"max_tokens": args.max_tokens, "repeats": args.repeats, "arms": [asdict(a) for a in arms],
               "workloads": _csv(args.workloads), "prompts": [p.id for p in prompts], "url": url,
-              "repo": str(args.repo) if args.repo else None, "heavy": args.heavy, "light": args.light,
+              "repo": portable_path(args.repo or None), "heavy": portable_path(args.heavy),
+              "light": portable_path(args.light),
               "assistant_schedule": peers.assistant_schedule() if peers else None,
-              "nll_scorer": scorer.name if scorer else None, "command": " ".join(sys.argv)}
+              "nll_scorer": scorer.name if scorer else None, "command": portable_command(sys.argv)}
     results = build_results(config, records, {p.id: p for p in prompts}, tokenizer, scorer, wall)
     if args.load_concurrency and url:
         results["load"] = run_load(args, url, prompts, log)

@@ -27,7 +27,7 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_MODES = ("heavy", "verify", "route")
 # count_windows: each measurement window is this many completed requests (time windows are
 # useless when one request takes seconds). Stability: perf_analyzer's default (10% over 3
-# windows) fails with rc 2 on a shared 2-core box whenever a neighbour's job starts, so, as
+# windows) fails with rc 2 on a 2-core CPU whenever another process takes a core, so, as
 # genai-perf does, 999% — every window is accepted and the report covers MAX_TRIALS windows.
 WINDOW_REQUESTS = 8
 STABILITY_PERCENT = 999
