@@ -52,4 +52,4 @@ export TOKENROUTER_HTTP_URL="http://127.0.0.1:$HTTP_PORT" TOKENROUTER_GRPC_URL="
 echo "== generate: code completion in heavy, verify and route modes"
 "$PY" -m tokenrouter_backend.client.demo --url "127.0.0.1:$HTTP_PORT"
 
-echo "== stop"
+echo "== stop (logs of the export and the server: $LOGS)"

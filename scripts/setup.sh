@@ -4,7 +4,7 @@
 # compose file with its CLI; no Docker engine is needed); a warning if they cannot be installed.
 # Python: the project with its pinned deps and the dev extra (pytest), editable.
 # Env: PYTHON (interpreter for the venv, default python3; 3.10-3.13: the Triton wheel ships
-# Python-backend stubs for those versions).
+# Python-backend stubs for those versions); TOKENROUTER_DATA (pip's log goes to its logs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -34,7 +34,14 @@ install_debian_packages
 wanted=$(cat pyproject.toml; ls -d ./*/__init__.py 2>/dev/null)
 wanted=$(printf '%s' "$wanted" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$wanted" ]; then
-  echo "setup: installing TokenRouter into $VENV (first run takes a few minutes)"
-  $VENV/bin/python -m pip install -q -e ".[dev]"
+  # pip's output (its own warnings included) goes to a log; on failure its tail is shown
+  PIP_LOG="${TOKENROUTER_DATA:-$HOME/.cache/tokenrouter}/logs/setup-pip.log"
+  mkdir -p "$(dirname "$PIP_LOG")"
+  echo "setup: installing TokenRouter into $VENV (first run takes a few minutes; log: $PIP_LOG)"
+  if ! $VENV/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" >"$PIP_LOG" 2>&1; then
+    echo "setup: pip install failed; the end of $PIP_LOG:" >&2
+    tail -n 40 "$PIP_LOG" >&2
+    exit 1
+  fi
   echo "$wanted" > "$STAMP"
 fi

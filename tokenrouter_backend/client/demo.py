@@ -28,17 +28,33 @@ def main(argv=None) -> int:
         for mode in DEMO_MODES:
             r = generate_http(args.url, prompt, max_tokens=args.max_tokens, router_mode=mode)
             s = r.stats
-            print(f"\n--- prompt {i + 1}, mode {mode}: {r.tokens} tokens, {r.tokens_per_s:.2f} tok/s, "
+            print(f"\n=== prompt {i + 1}, mode {mode}: {r.tokens} tokens, {r.tokens_per_s:.2f} tok/s, "
                   f"light share {s['light_share']:.0%}, heavy calls {s['heavy_calls']}, "
                   f"drafts accepted {s['drafts_accepted']}/{s['drafts_proposed']}, rollbacks {s['rollbacks']}")
-            print(prompt + r.text)
+            print(answer_block(prompt, r.text))
             rows.append((i + 1, mode, r.tokens, r.tokens_per_s, s["light_share"], s["heavy_calls_per_token"]))
-    print("\n| prompt | mode | tokens | tok/s | light share | heavy calls/token |")
-    print("|---|---|---|---|---|---|")
-    for prompt_no, mode, tokens, tps, share, hpt in rows:
-        print(f"| {prompt_no} | {mode} | {tokens} | {tps:.2f} | {share:.0%} | {hpt:.2f} |")
+    print("\n" + summary_table(rows))
     return 0
 
+
+def answer_block(prompt: str, completion: str) -> str:
+    """The prompt and its completion, each line behind a margin so the answer stands out."""
+    return "\n".join(f"  | {line}" for line in (prompt + completion).rstrip("\n").split("\n"))
+
+
+TABLE_HEADER = ("prompt", "mode", "tokens", "tok/s", "light share", "heavy calls/token")
+
+
+def summary_table(rows: list[tuple]) -> str:
+    """Aligned text table of (prompt, mode, tokens, tok/s, light share, heavy calls/token) rows."""
+    cells = [TABLE_HEADER] + [(str(n), mode, str(tokens), f"{tps:.2f}", f"{share:.0%}", f"{hpt:.2f}")
+                              for n, mode, tokens, tps, share, hpt in rows]
+    widths = [max(len(row[c]) for row in cells) for c in range(len(TABLE_HEADER))]
+    lines = ["  ".join(cell.rjust(w) if c != 1 else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+             for row in cells]
+    rule = "-" * len(lines[0])
+    return "\n".join(["=== summary: tokens/s and the light model's share of the tokens, per mode",
+                      lines[0], rule, *lines[1:]])
 
 if __name__ == "__main__":
     sys.exit(main())

