@@ -77,7 +77,7 @@ def test_second_run_is_up_to_date_and_short(cold_export):
     assert len(console.splitlines()) <= 6, console
 
 
-def test_failed_stage_names_the_log_and_error_stays_on_stderr(tmp_path):
+def test_errors_stay_on_stderr(tmp_path):
     log = tmp_path / "x.log"
     result = _export(tmp_path / "no-such-heavy", tmp_path / "no-such-light", tmp_path / "repo", log)
     assert result.returncode == 1
@@ -98,3 +98,15 @@ def test_stage_sends_warnings_and_fd_output_to_the_log(tmp_path, capfd):
     with progress.stage("heavy", "no active log"):  # library use: nothing printed, nothing caught
         os.write(2, b"visible\n")
     assert capfd.readouterr().err == "visible\n"
+
+
+def test_failed_stage_says_where_the_log_is_and_raises(tmp_path, capfd):
+    log = progress.ExportLog(tmp_path / "f.log", console=sys.stdout)
+    with pytest.raises(RuntimeError, match="boom"), progress.active(log), progress.stage("light", "quantize"):
+        os.write(2, b"library detail\n")
+        raise RuntimeError("boom")
+    out, err = capfd.readouterr()
+    assert out.startswith("light: quantize ... failed after ") and str(tmp_path / "f.log") in out, out
+    assert err == "" and "library detail" in (tmp_path / "f.log").read_text()
+    os.write(2, b"after\n")  # file descriptors are restored after the failure
+    assert capfd.readouterr().err == "after\n"
