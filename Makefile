@@ -10,7 +10,7 @@ setup:
 	scripts/setup.sh
 
 demo:
-	scripts/demo.sh
+	@scripts/demo.sh
 
 lint: setup
 	.venv/bin/ruff check .
