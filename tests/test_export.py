@@ -32,15 +32,93 @@ def test_fp32_parity(tiny_export):
     assert val["per_check"]["batch"]["top1_agreement"] == 1.0
 
 
-def test_int8_agreement(tiny_export):
-    _, report = tiny_export
+def test_default_quantization_is_the_documented_mode(tiny_export):
+    """No --light-quant: the documented default, validated, not timed, with its reason."""
+    out, report = tiny_export
     light = report["light"]
-    for mode, cand in light["quant_candidates"].items():
-        print(f"light {mode}: top-1 {cand['top1_agreement']:.3f}, "
-              f"b1 {cand['step_ms_b1']} ms, b8 {cand['step_ms_b8']} ms, {cand['onnx_bytes']} B")
-    assert set(light["quant_candidates"]) == set(quantize.QUANT_MODES)
-    assert light["precision"].startswith("int8")
+    assert ExportOptions().light_quant == quantize.DEFAULT_MODE == "matmulnbits8"
+    assert light["precision"] == quantize.PRECISION_NAMES[quantize.DEFAULT_MODE]
+    assert set(light["quant_candidates"]) == {quantize.DEFAULT_MODE}
+    cand = light["quant_candidates"][quantize.DEFAULT_MODE]
+    print(f"light default: top-1 {cand['top1_agreement']:.3f}, {cand['onnx_bytes']} B")
+    assert "step_ms_b1" not in cand and "step_ms_b8" not in cand
+    assert cand["batch_invariant"] is True
     assert light["validation"]["top1_agreement"] >= max(INT8_SANE_FLOOR, INT8_MIN_AGREEMENT)
+    saved = json.loads((out / "export.json").read_text())
+    assert saved["light_quantization"] == {"mode": light["precision"], "reason": quantize.DEFAULT_REASON}
+    assert saved["light"]["quant_reason"] == quantize.DEFAULT_REASON
+
+
+def test_cli_default_is_the_documented_mode():
+    parser = argparse.ArgumentParser()
+    pipeline.add_arguments(parser)
+    args = parser.parse_args(["--heavy", "h", "--light", "l", "--out", "o"])
+    assert args.light_quant == quantize.DEFAULT_MODE
+
+
+def _export_light(tiny_pair, work, monkeypatch, light_quant: str) -> tuple[pipeline.BranchBuild, list]:
+    """The light branch alone into ``work``; returns (build, the (batch, past) of every timing)."""
+    from tokenrouter_backend.export.sources import load_tokenizer, resolve_source
+
+    timings = []
+
+    def counting_step_ms(lm, batch, past_len, **kw):
+        timings.append((batch, past_len))
+        return 1.0 + batch
+
+    monkeypatch.setattr(pipeline, "step_ms", counting_step_ms)
+    source = resolve_source(tiny_pair[1])
+    build = pipeline.export_light(source, load_tokenizer(source), work, ExportOptions(light_quant=light_quant))
+    return build, timings
+
+
+def test_only_auto_takes_timings(tiny_pair, tmp_path, monkeypatch):
+    build, timings = _export_light(tiny_pair, tmp_path / "default", monkeypatch, quantize.DEFAULT_MODE)
+    assert timings == [] and build.precision == "int8-matmulnbits"
+    build, timings = _export_light(tiny_pair, tmp_path / "fixed", monkeypatch, "dynamic")
+    assert timings == [] and build.precision == "int8-dynamic"
+    assert build.quant_reason.startswith("requested with --light-quant dynamic")
+    assert "batch-dependent" in build.quant_reason
+    build, timings = _export_light(tiny_pair, tmp_path / "auto", monkeypatch, quantize.AUTO)
+    assert sorted(timings) == sorted([(1, pipeline.BENCH_PAST), (8, pipeline.BENCH_PAST)] * len(quantize.QUANT_MODES))
+    assert set(build.quant_candidates) == set(quantize.QUANT_MODES)
+    for mode, cand in build.quant_candidates.items():
+        assert (cand["step_ms_b1"], cand["step_ms_b8"]) == (2.0, 9.0), mode  # the timings taken
+        assert cand["batch_invariant"] == quantize.BATCH_INVARIANT[mode]
+    chosen = quantize.pick_fastest(build.quant_candidates)
+    assert build.precision == quantize.PRECISION_NAMES[chosen]
+    assert build.quant_reason.startswith("auto: ") and f": {chosen} (" in build.quant_reason
+    for mode in quantize.QUANT_MODES:
+        assert f"{mode} top-1" in build.quant_reason
+
+
+def test_stamp_follows_dependency_versions(tiny_export, tiny_pair, monkeypatch):
+    """Another onnxruntime (or onnx, torch, transformers) makes a cached branch stale."""
+    from tokenrouter_backend.export import versions
+    from tokenrouter_backend.export.sources import resolve_source
+
+    out, _ = tiny_export
+    saved = json.loads((out / "export.json").read_text())
+    assert saved["dependencies"] == versions.dependency_versions()
+    assert set(saved["dependencies"]) == set(versions.DEPENDENCIES)
+    light_dir = pipeline.default_work_dir(out) / "light"
+    source, options = resolve_source(tiny_pair[1]), ExportOptions()
+    key = pipeline._stamp_key(source, "light", options)
+    assert pipeline._reuse(light_dir, key) is not None
+    real = versions.version
+    for dep in versions.DEPENDENCIES:
+        monkeypatch.setattr(versions, "version", lambda n, d=dep, r=real: "0.0.1" if n == d else r(n))
+        other = pipeline._stamp_key(source, "light", options)
+        assert other != key, dep
+        assert pipeline._reuse(light_dir, other) is None, dep
+        monkeypatch.setattr(versions, "version", real)
+    assert pipeline._stamp_key(source, "light", options) == key
+
+
+def test_missing_dependency_is_named():
+    from tokenrouter_backend.export import versions
+
+    assert versions.package_version("no-such-distribution-xyz") == versions.NOT_INSTALLED
 
 
 def test_validation_can_fail(tiny_export, tiny_pair):

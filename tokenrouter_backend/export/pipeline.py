@@ -25,7 +25,7 @@ from pathlib import Path
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
 from tokenrouter_backend.engine.step_timing import step_ms
 
-from . import progress, quantize
+from . import progress, quantize, versions
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
 from .repository import fill_repository
 from .sources import (
@@ -39,13 +39,13 @@ from .sources import (
 )
 from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
 
-EXPORTER_VERSION = 1  # bump when the ONNX produced for the same inputs changes
+EXPORTER_VERSION = 2  # bump when the ONNX produced for the same inputs changes (2: light default matmulnbits8)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_repository"
 DEVICES = ("cpu", "cuda")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF folders for torch_lm
 HF_DIR = "hf"  # the HF folder inside a torch-runtime branch directory
 LIGHT_QUANT_CHOICES = (quantize.AUTO, *quantize.QUANT_MODES, "none")
-BENCH_PAST = 128  # past length of the decode-step timings that pick the light quantization
+BENCH_PAST = 128  # past length of the decode-step timings of --light-quant auto
 BENCH_WARMUP, BENCH_REPEATS = 2, 10  # untimed, timed steps per timing (median)
 STAMP = "stamp.json"
 TOKENIZER_DIR = "tokenizer"
@@ -63,7 +63,7 @@ class ExportOptions:
 
     device: str = "cpu"  # cpu: heavy FP32; cuda: heavy FP16 (KV float16)
     runtime: str = "onnx"  # onnx | torch (see the module docstring)
-    light_quant: str = quantize.AUTO  # see tokenrouter_backend.export.quantize; "none" keeps the light FP32
+    light_quant: str = quantize.DEFAULT_MODE  # see export.quantize; auto: timed pick; "none": light FP32
     threads: int = 0  # ONNX Runtime intra-op threads per branch (0 = ORT default)
     skip_validation: bool = False
     max_context: int = 0  # 0 = min of the two models' max_position_embeddings
@@ -93,13 +93,14 @@ class BranchBuild:
     quantize_s: float = 0.0
     validation: dict | None = None
     quant_candidates: dict = field(default_factory=dict)
+    quant_reason: str = ""  # light: why this quantization (default, requested, or auto's timings)
     notes: list = field(default_factory=list)
     skipped: bool = False
 
 
 def _stamp_key(source: Source, role: str, options: ExportOptions) -> str:
     shaping = {"v": EXPORTER_VERSION, "role": role, "src": fingerprint(source), "device": options.device,
-               "validate": not options.skip_validation}
+               "validate": not options.skip_validation, "deps": versions.dependency_versions()}
     if role == "light":
         shaping["quant"] = [options.light_quant, quantize.AUTO_AGREEMENT_SLACK, quantize.NBITS_BLOCK_SIZE]
     if options.runtime != "onnx":  # onnx stamps stay as they were before runtimes existed
@@ -222,19 +223,24 @@ def export_heavy(source: Source, tokenizer, work: Path, options: ExportOptions) 
     return build
 
 
-def measure_candidate(model_dir: Path, refs, prompts, options: ExportOptions) -> dict:
-    """Top-1 agreement and decode-step ms (batch 1 and 8, past BENCH_PAST) of one quantized model."""
+def measure_candidate(model_dir: Path, mode: str, refs, prompts, options: ExportOptions, timed: bool) -> dict:
+    """Top-1 agreement of one quantized model; with ``timed`` also its decode-step ms
+    (batch 1 and 8, past BENCH_PAST), which only ``--light-quant auto`` asks for."""
     precision = ModelInfo.load(model_dir / INFO_FILE).precision
     report = validate_onnx(model_dir, refs, prompts, precision, options.device, check=False).to_dict()
-    lm = OnnxCausalLM(model_dir, device=options.device, intra_op_threads=options.threads)
-    return {"top1_agreement": report["top1_agreement"], "validation": report,
-            "step_ms_b1": round(step_ms(lm, 1, BENCH_PAST, warmup=BENCH_WARMUP, repeats=BENCH_REPEATS), 2),
-            "step_ms_b8": round(step_ms(lm, 8, BENCH_PAST, warmup=BENCH_WARMUP, repeats=BENCH_REPEATS), 2),
+    cand = {"top1_agreement": report["top1_agreement"], "validation": report,
+            "batch_invariant": quantize.BATCH_INVARIANT[mode],
             "onnx_bytes": onnx_bytes(model_dir)}
+    if timed:
+        lm = OnnxCausalLM(model_dir, device=options.device, intra_op_threads=options.threads)
+        for batch in (1, 8):
+            ms = step_ms(lm, batch, BENCH_PAST, warmup=BENCH_WARMUP, repeats=BENCH_REPEATS)
+            cand[f"step_ms_b{batch}"] = round(ms, 2)
+    return cand
 
 
 def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) -> BranchBuild:
-    """Light branch: FP32 export, then INT8 per ``options.light_quant`` (auto: measured pick)."""
+    """Light branch: FP32 export, then INT8 per ``options.light_quant`` (auto: timed pick)."""
     if options.runtime == "torch":
         return export_torch_branch(source, tokenizer, work, "light", options)
     out_dir = work / "light"
@@ -252,6 +258,7 @@ def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) 
         if not options.skip_validation:
             with progress.stage("light", "validate against transformers"):
                 build.validation = validate_onnx(out_dir, refs, prompts, "fp32", options.device).to_dict()
+        build.quant_reason = "requested with --light-quant none: the light branch stays FP32"
     else:
         _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build)
     shutil.rmtree(fp32_dir, ignore_errors=True)
@@ -261,16 +268,18 @@ def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) 
 
 
 def _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build: BranchBuild) -> None:
-    modes = quantize.QUANT_MODES if options.light_quant == quantize.AUTO else (options.light_quant,)
+    auto = options.light_quant == quantize.AUTO
+    modes = quantize.QUANT_MODES if auto else (options.light_quant,)
     t0 = time.perf_counter()
     for mode in modes:
         cand = fp32_dir.parent / f"light-{mode}"
-        with progress.stage("light", f"quantize {mode}, validate and time it"):
+        with progress.stage("light", f"quantize {mode}, validate" + (" and time it" if auto else "")):
             quantize.quantize_light(fp32_dir, cand, mode)
-            build.quant_candidates[mode] = measure_candidate(cand, refs, prompts, options)
+            build.quant_candidates[mode] = measure_candidate(cand, mode, refs, prompts, options, timed=auto)
         gc.collect()
     build.quantize_s = round(time.perf_counter() - t0, 2)
-    chosen = quantize.pick_fastest(build.quant_candidates) if len(modes) > 1 else modes[0]
+    chosen = quantize.pick_fastest(build.quant_candidates) if auto else modes[0]
+    build.quant_reason = quant_reason(options.light_quant, chosen, build.quant_candidates)
     build.precision = quantize.PRECISION_NAMES[chosen]
     build.validation = build.quant_candidates[chosen]["validation"]
     if out_dir.exists():
@@ -280,6 +289,16 @@ def _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build: BranchB
         shutil.rmtree(fp32_dir.parent / f"light-{mode}", ignore_errors=True)
     if not options.skip_validation and not build.validation.get("passed"):
         raise ValidationError(f"light {chosen}: {build.validation}")
+
+
+def quant_reason(requested: str, chosen: str, candidates: dict) -> str:
+    """The sentence export.json keeps on why the light branch has its quantization."""
+    if requested == quantize.AUTO:
+        return quantize.auto_reason(candidates, chosen)
+    if requested == quantize.DEFAULT_MODE:
+        return quantize.DEFAULT_REASON
+    variant = "" if quantize.BATCH_INVARIANT[chosen] else " (batch-dependent: activation scale per batch tensor)"
+    return f"requested with --light-quant {requested}{variant}"
 
 
 def check_tokenizers(heavy_tok, light_tok) -> None:
@@ -330,7 +349,9 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
     heavy = export_heavy(heavy_source, tokenizer, work, options)
     light = export_light(light_source, tokenizer, work, options)
     values = placeholder_values(heavy, light, tokenizer, work, options, document_end_ids(heavy_source, tokenizer))
-    report = {"exporter_version": EXPORTER_VERSION, "options": {k: str(v) for k, v in asdict(options).items()},
+    report = {"exporter_version": EXPORTER_VERSION, "dependencies": versions.dependency_versions(),
+              "options": {k: str(v) for k, v in asdict(options).items()},
+              "light_quantization": {"mode": light.precision, "reason": light.quant_reason},
               "placeholders": values, "heavy": asdict(heavy), "light": asdict(light),
               "total_s": round(time.perf_counter() - t0, 2)}
     if options.template is not None:
@@ -351,8 +372,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu: heavy FP32 (no fast FP16 CPU kernels in ONNX Runtime); cuda: heavy FP16")
     parser.add_argument("--runtime", choices=RUNTIMES, default="onnx",
                         help="onnx: ONNX branches (default); torch: HF folders run by torch (KV on the GPU)")
-    parser.add_argument("--light-quant", choices=LIGHT_QUANT_CHOICES, default=quantize.AUTO,
-                        help="light INT8 mode; auto = fastest at equal top-1 agreement (default)")
+    parser.add_argument("--light-quant", choices=LIGHT_QUANT_CHOICES, default=quantize.DEFAULT_MODE,
+                        help=f"light INT8 mode (default {quantize.DEFAULT_MODE}: batch-invariant); "
+                             "auto = fastest at equal top-1 agreement, timed on this machine")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per branch (0 = default)")
     parser.add_argument("--max-context", type=int, default=0, help="0 = the models' max positions")
     parser.add_argument("--skip-validation", action="store_true", help="do not compare with transformers")

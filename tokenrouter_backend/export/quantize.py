@@ -1,16 +1,20 @@
 """Light-branch INT8 quantization of an exported FP32 ONNX model (onnxruntime.quantization).
 
 Modes (``--light-quant``):
-  dynamic              quantize_dynamic, INT8 weights per tensor (MatMulInteger, DynamicQuantizeLinear)
-  dynamic-per-channel  quantize_dynamic, INT8 weights per output channel
-  matmulnbits8         8-bit blockwise weights in MatMulNBits (accuracy_level 4: int8 compute)
-  auto (default)       build all three, keep the fastest decode step among those whose top-1
-                       agreement with FP32 is within AUTO_AGREEMENT_SLACK of the best one
+  matmulnbits8 (default)  8-bit symmetric blockwise weights in MatMulNBits (accuracy_level 4);
+                          activations are quantized inside the kernel per block of ONE row,
+                          so a row's logits do not depend on the other rows of the batch
+  dynamic                 quantize_dynamic, INT8 weights per tensor (MatMulInteger, DynamicQuantizeLinear)
+  dynamic-per-channel     quantize_dynamic, INT8 weights per output channel
+  auto                    build all three, keep the fastest decode step among those whose top-1
+                          agreement with FP32 is within AUTO_AGREEMENT_SLACK of the best one
 
-Why a 5-point slack: the light model only drafts; each draft token is verified or gated by
-confidence, so a 2x faster step outweighs a few points of top-1 agreement. Measured on the
-demo 0.5B (152 positions, past 128, 2 threads): dynamic 88.2% 43.6/95.7 ms (b1/b8),
-per-channel 95.4% 43.7/93.2 ms, MatMulNBits-8 100% 98.9/168.2 ms.
+The two ``dynamic`` modes are BATCH-DEPENDENT: DynamicQuantizeLinear takes one activation
+scale over the whole batch tensor (padding rows included), so a request's light tokens and
+probabilities change with whatever else is in the batch, against the branch protocol's
+promise. They stay available (and ``auto`` may pick one) for users who trade that for speed;
+the default never depends on timings taken on the export machine. Measured numbers and the
+reasoning are in docs/benchmarks.md ("Light quantization").
 """
 from __future__ import annotations
 
@@ -21,16 +25,20 @@ from tokenrouter_backend.engine.onnx_lm import INFO_FILE, MODEL_FILE, ModelInfo
 
 from .onnx_export import DATA_FILE, EXTERNAL_DATA_BYTES
 
-QUANT_MODES = ("dynamic", "dynamic-per-channel", "matmulnbits8")
+QUANT_MODES = ("matmulnbits8", "dynamic", "dynamic-per-channel")
+DEFAULT_MODE = "matmulnbits8"
 AUTO = "auto"
 PRECISION_NAMES = {
     "dynamic": "int8-dynamic",
     "dynamic-per-channel": "int8-dynamic-per-channel",
     "matmulnbits8": "int8-matmulnbits",
 }
+BATCH_INVARIANT = {"matmulnbits8": True, "dynamic": False, "dynamic-per-channel": False}
 NBITS_BLOCK_SIZE = 32  # weights per scale in MatMulNBits
-NBITS_ACCURACY_LEVEL = 4  # 4 = activations quantized to int8 inside the kernel (fastest on CPU)
-AUTO_AGREEMENT_SLACK = 0.05  # "equal agreement": within 5 points of the best mode (see below)
+NBITS_ACCURACY_LEVEL = 4  # 4 = activations quantized to int8 per block of a row inside the kernel
+AUTO_AGREEMENT_SLACK = 0.05  # "equal agreement": within 5 points of the best mode (see pick_fastest)
+DEFAULT_REASON = ("default: weight-only 8-bit MatMulNBits, activations quantized per row, so a "
+                  "session's tokens do not depend on the batch (docs/benchmarks.md)")
 
 
 def _has_data(src_dir: Path) -> bool:
@@ -88,3 +96,12 @@ def pick_fastest(results: dict[str, dict]) -> str:
     best = max(r["top1_agreement"] for r in results.values())
     ok = [m for m, r in results.items() if r["top1_agreement"] >= best - AUTO_AGREEMENT_SLACK]
     return min(ok, key=lambda m: results[m]["step_ms_b1"] + results[m]["step_ms_b8"])
+
+
+def auto_reason(results: dict[str, dict], chosen: str) -> str:
+    """Why ``auto`` chose ``chosen``: every candidate's agreement and timings, and the rule."""
+    facts = ", ".join(f"{m} top-1 {r['top1_agreement']:.3f} b1 {r['step_ms_b1']} ms b8 {r['step_ms_b8']} ms"
+                      for m, r in results.items())
+    variant = "" if BATCH_INVARIANT[chosen] else "; note: this mode is batch-dependent"
+    return (f"auto: fastest (b1 + b8 decode-step ms on this machine) within {AUTO_AGREEMENT_SLACK:.2f} "
+            f"of the best top-1 agreement: {chosen} ({facts}){variant}")
