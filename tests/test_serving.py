@@ -226,6 +226,31 @@ def test_stop_words_and_end_id(server, tokenizer):
     stopped = generate_http(host, PROMPTS[0], max_tokens=32, router_mode="verify", stop_words=[word])
     assert stopped.stats["finish_reason"] == "stop_words", stopped.stats
     assert word not in stopped.text and full.text.startswith(stopped.text)
+    assert stopped.text == full.text[: full.text.find(word)]
+
+
+def test_stop_string_inside_tokens_streams_nothing_past_it(server, tokenizer):
+    """A stop string that starts inside one generated token and ends inside the next."""
+    for mode in ("verify", "route", "heavy"):
+        knobs = {"router_mode": mode, "max_tokens": 32, "rollback_threshold": 0.0}
+        gen, _ = router_tokens(server.grpc_url, ids(tokenizer, PROMPTS[0]), **knobs)
+        text = tokenizer.decode(gen, skip_special_tokens=True)
+        ends = [len(tokenizer.decode(gen[: i + 1], skip_special_tokens=True)) for i in range(len(gen))]
+        # token i spans ends[i-1]..ends[i]: cut from inside token i into token i + 1 (inside it too
+        # where the answer has two such neighbours)
+        sizes = [ends[0]] + [ends[k] - ends[k - 1] for k in range(1, len(gen))]
+        pairs = [k for k in range(1, len(gen) - 1) if sizes[k] >= 2 and sizes[k + 1] >= 1]
+        i = next((k for k in pairs if sizes[k + 1] >= 2), pairs[0])
+        word = text[ends[i - 1] + 1 : ends[i] + 1]
+        want = text[: text.find(word)]
+        for stream in (False, True):
+            got = generate_grpc(server.grpc_url, PROMPTS[0], stream=stream, stop_words=[word], **knobs)
+            assert got.text == want and got.stats["finish_reason"] == "stop_words", (mode, stream, word, got)
+            # each streamed chunk only ever extends the answer: nothing was taken back
+            assert all(want.startswith("".join(got.chunks[: k + 1])) for k in range(len(got.chunks)))
+    bad = requests.post(f"{server.http_url}/v2/models/tokenrouter/generate",
+                        json={"text_input": "def f():", "max_tokens": 4, "stop_words": ["x", ""]}, timeout=60)
+    assert bad.status_code != 200 and "stop_words[1] must be a non-empty string" in bad.text
 
 
 def test_sampling_is_reproducible_with_seed(server):
