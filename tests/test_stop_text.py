@@ -97,9 +97,10 @@ MODES = [("heavy", {}), ("light", {}), ("verify", {}), ("route", {"rollback_thre
 
 
 @pytest.mark.parametrize("mode,knobs", MODES)
-@pytest.mark.parametrize("first,last", [(4, 8), (7, 11), (1, 5)])
+@pytest.mark.parametrize("first,last", [(4, 8), (7, 11), (1, 5), (31, 52), (40, 44)])
 def test_stop_string_inside_tokens_in_the_first_block(mode, knobs, first, last):
-    # chars 4..8 start inside token 1 and end inside token 2: both in the first block
+    # chars 4..8 start inside token 1 and end inside token 2: both in the first block (5
+    # tokens = 15 characters); 31..52 spans eight tokens across block boundaries
     for prompt in PROMPTS:
         ref, _, ref_stats = run(prompt, mode, **knobs)
         word = ref[first:last]

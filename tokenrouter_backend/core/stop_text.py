@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from tokenrouter_backend.core.detokenize import CONTEXT_TOKENS
 from tokenrouter_backend.core.params import InvalidRequest
 from tokenrouter_backend.core.stopping import Stop, StopCriteria, find_stop
 
@@ -57,33 +58,50 @@ class StopText:
         self.strings = tuple(strings)
         self.decode = decode
 
-    def find(self, generated: Sequence[int]) -> TextHit | None:
-        """The earliest stop string in decode(generated), else None."""
-        text = self.decode(generated)
+    def find(self, generated: Sequence[int], start: int = 0) -> TextHit | None:
+        """The earliest stop string in decode(generated) that ends in generated[start:].
+
+        Text before ``start`` was searched already; only its last characters (a stop
+        string may begin there) are decoded again, so a check costs the new tokens only.
+        """
+        tail = self._tail(generated, start)
         best = None
         for s in self.strings:
-            i = text.find(s)
+            i = tail.text.find(s)
             if i >= 0 and (best is None or (i, i + len(s)) < best):
                 best = (i, i + len(s))
         if best is None:
             return None
-        start, stop = best
-        keep = self._tokens_reaching(generated, start)
-        trim = len(self.decode(generated[:keep])) - start
-        return TextHit(keep, max(0, trim), max(keep, self._tokens_reaching(generated, stop)))
+        first, stop = best
+        keep = tail.tokens_reaching(first)
+        trim = tail.chars(keep) - first
+        return TextHit(keep, max(0, trim), max(keep, tail.tokens_reaching(stop)))
 
     def safe_len(self, generated: Sequence[int]) -> int:
         """How many leading tokens have text that no later stop string can start in."""
-        text = _complete(self.decode(generated))
+        tail = self._tail(generated, len(generated))
+        text = _complete(tail.text)
         boundary = len(text) - self._held_suffix(text)
-        lo, hi = 0, len(generated)  # largest n with len(decode(generated[:n])) <= boundary
+        lo, hi = tail.first, len(generated)  # largest n with chars(n) <= boundary
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if len(self.decode(generated[:mid])) <= boundary:
+            if tail.chars(mid) <= boundary:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
+
+    def _tail(self, generated: Sequence[int], start: int) -> "_Tail":
+        """The text from a few tokens before ``start``: at least a stop string's length - 1
+        characters before it (or everything)."""
+        need = max((len(s) for s in self.strings), default=1) - 1
+        back = need + CONTEXT_TOKENS
+        while True:
+            first = max(0, start - back)
+            tail = _Tail(self.decode, generated, first)
+            if first == 0 or (tail.valid and tail.chars(start) >= need):
+                return tail if tail.valid else _Tail(self.decode, generated, 0)
+            back *= 2
 
     def _held_suffix(self, text: str) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
@@ -95,12 +113,30 @@ class StopText:
                     break
         return longest
 
-    def _tokens_reaching(self, generated: Sequence[int], chars: int) -> int:
-        """Fewest leading tokens whose (complete) text is at least ``chars`` characters."""
-        lo, hi = 0, len(generated)
+
+class _Tail:
+    """decode(generated[first:]) as the full decode has it (a few tokens of left context
+    keep merges and multi-byte characters intact); positions count from ``first``."""
+
+    def __init__(self, decode: Decode, generated: Sequence[int], first: int):
+        self.decode, self.generated, self.first = decode, generated, first
+        self.context = max(0, first - CONTEXT_TOKENS)
+        before = decode(generated[self.context : first]) if first else ""
+        whole = decode(generated[self.context :])
+        self.pre = len(before)
+        self.valid = not before.endswith(REPLACEMENT) and whole.startswith(before)
+        self.text = whole[self.pre :]
+
+    def chars(self, n: int) -> int:
+        """Characters of decode(generated[first:n]) (n counts from the list's start)."""
+        return len(self.decode(self.generated[self.context : n])) - self.pre
+
+    def tokens_reaching(self, chars: int) -> int:
+        """Fewest leading tokens whose (complete) text reaches ``chars`` tail characters."""
+        lo, hi = self.first, len(self.generated)
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(_complete(self.decode(generated[:mid]))) >= chars:
+            if len(_complete(self.decode(self.generated[self.context : mid]))) - self.pre >= chars:
                 hi = mid
             else:
                 lo = mid + 1
@@ -122,7 +158,7 @@ def first_stop(generated: Sequence[int], start: int, criteria: StopCriteria, tex
     stop = find_stop(list(generated), start, criteria)
     if text is None:
         return stop
-    hit = text.find(generated[: stop.keep] if stop else generated)
+    hit = text.find(generated[: stop.keep], min(start, stop.keep)) if stop else text.find(generated, start)
     if hit is None:
         return stop
     keep, trim = hit.keep, hit.trim
