@@ -141,6 +141,7 @@ def test_repository_layout(tiny_export):
     out, report = tiny_export
     for rel in ("heavy/1/model.onnx", "heavy/1/model.json", "light/1/model.onnx", "light/1/model.json",
                 "preprocessing/1/tokenizer/tokenizer.json", "postprocessing/1/tokenizer/tokenizer.json",
+                "router/1/tokenizer/tokenizer.json",
                 "export.json", "light/1/model.py"):
         assert (out / rel).is_file(), rel
     cfg = (out / "heavy" / "config.pbtxt").read_text()

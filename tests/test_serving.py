@@ -226,6 +226,42 @@ def test_stop_words_and_end_id(server, tokenizer):
     stopped = generate_http(host, PROMPTS[0], max_tokens=32, router_mode="verify", stop_words=[word])
     assert stopped.stats["finish_reason"] == "stop_words", stopped.stats
     assert word not in stopped.text and full.text.startswith(stopped.text)
+    assert stopped.text == full.text[: full.text.find(word)]
+
+
+def _mid_token_stop(server, tokenizer, knobs):
+    """(prompt, stop string, expected answer): the stop string starts inside a generated token
+    and ends inside the next one (or at its end, where no answer has two such neighbours)."""
+    loose = None
+    for prompt in PROMPTS[:8]:
+        gen, _ = router_tokens(server.grpc_url, ids(tokenizer, prompt), **knobs)
+        text = tokenizer.decode(gen, skip_special_tokens=True)
+        ends = [len(tokenizer.decode(gen[: k + 1], skip_special_tokens=True)) for k in range(len(gen))]
+        starts = [0] + ends[:-1]  # token k's text is text[starts[k]:ends[k]]
+        pairs = [k for k in range(len(gen) - 1) if ends[k] - starts[k] >= 2 and ends[k + 1] > ends[k]]
+        for k in pairs:
+            word = text[starts[k] + 1 : ends[k] + 1]
+            found = (prompt, word, text[: text.find(word)])
+            if ends[k + 1] - ends[k] >= 2:
+                return found
+            loose = loose or found
+    assert loose, "no generated token with two characters"
+    return loose
+
+
+def test_stop_string_inside_tokens_streams_nothing_past_it(server, tokenizer):
+    """A stop string that starts inside one generated token and ends inside the next."""
+    for mode in ("verify", "route", "heavy"):
+        knobs = {"router_mode": mode, "max_tokens": 32, "rollback_threshold": 0.0}
+        prompt, word, want = _mid_token_stop(server, tokenizer, knobs)
+        for stream in (False, True):
+            got = generate_grpc(server.grpc_url, prompt, stream=stream, stop_words=[word], **knobs)
+            assert got.text == want and got.stats["finish_reason"] == "stop_words", (mode, stream, word, got)
+            # each streamed chunk only ever extends the answer: nothing was taken back
+            assert all(want.startswith("".join(got.chunks[: k + 1])) for k in range(len(got.chunks)))
+    bad = requests.post(f"{server.http_url}/v2/models/tokenrouter/generate",
+                        json={"text_input": "def f():", "max_tokens": 4, "stop_words": ["x", ""]}, timeout=60)
+    assert bad.status_code != 200 and "stop_words[1] must be a non-empty string" in bad.text
 
 
 def test_sampling_is_reproducible_with_seed(server):

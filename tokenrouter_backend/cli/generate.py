@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollback-threshold", type=float, default=None)
     p.add_argument("--rollback-window", type=int, default=None)
     p.add_argument("--draft-confidence-threshold", type=float, default=None)
-    p.add_argument("--stop", dest="stop_words", action="append", default=None, help="stop word (repeatable)")
+    p.add_argument("--stop", dest="stop_words", action="append", default=None,
+                   help="stop string, matched on the generated text (repeatable)")
     p.add_argument("--end-id", type=int, default=None)
 
 

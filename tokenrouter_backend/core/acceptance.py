@@ -13,7 +13,8 @@ distributed exactly as sampling from the heavy model alone.
 Route rollback (BiLD, Kim et al. 2023): among tokens the light model committed unchecked,
 the first one the heavy model strongly rejects (not its choice, and given probability
 below the rollback threshold) is replaced by the heavy choice and everything after it is
-dropped.
+dropped. Ending is critical both ways: where the heavy model's own choice is to end (an
+end token) and the light model went on, that position is rejected whatever the threshold.
 """
 from __future__ import annotations
 
@@ -74,16 +75,20 @@ def _draw(dist: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def first_strong_rejection(
-    committed: np.ndarray, heavy_choices: np.ndarray, heavy_probs_of_committed: np.ndarray, threshold: float
+    committed: np.ndarray, heavy_choices: np.ndarray, heavy_probs_of_committed: np.ndarray, threshold: float,
+    end_tokens: frozenset[int] = frozenset(),
 ) -> int | None:
     """Index of the first committed token the heavy model strongly rejects, else None.
 
     committed [u]: tokens the light model committed unchecked; heavy_choices [u]: the heavy
     model's own choice at each of those positions; heavy_probs_of_committed [u]: the
-    probability the heavy model gave to the committed token there.
+    probability the heavy model gave to the committed token there. A position where the
+    heavy choice is one of ``end_tokens`` and the committed token differs is rejected
+    whatever its probability.
     """
-    rejected = (np.asarray(committed) != np.asarray(heavy_choices)) & (
-        np.asarray(heavy_probs_of_committed) < threshold
-    )
+    choices = np.asarray(heavy_choices)
+    differs = np.asarray(committed) != choices
+    heavy_ends = np.isin(choices, list(end_tokens)) if end_tokens else np.zeros(len(choices), bool)
+    rejected = differs & ((np.asarray(heavy_probs_of_committed) < threshold) | heavy_ends)
     idx = np.nonzero(rejected)[0]
     return int(idx[0]) if idx.size else None

@@ -7,7 +7,10 @@
         route         : light drafts; confident tokens are committed unchecked; at the first
                         unconfident token heavy scores everything it has not seen, rolls
                         back to the first token it strongly rejects, and supplies the token
-        emit the tokens no later rollback can touch
+        emit the tokens no later rollback can touch (and no later stop string can cut)
+
+Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
+the decoded text (``stop_text.py``).
 
 KV bookkeeping is explicit: a ``BranchView`` records exactly which tokens its branch session
 holds, so each call sends only what the branch has not seen and truncates (``keep_len``)
@@ -39,7 +42,8 @@ from tokenrouter_backend.core.hooks import (
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterParams
 from tokenrouter_backend.core.stats import RequestStats
-from tokenrouter_backend.core.stopping import StopCriteria, find_stop
+from tokenrouter_backend.core.stop_text import StopText, first_stop
+from tokenrouter_backend.core.stopping import StopCriteria
 
 # emit(new_final_tokens, stats, finished) -> awaitable or None
 Emit = Callable[[list, RequestStats, bool], "Awaitable[None] | None"]
@@ -56,11 +60,18 @@ class GenerationRequest:
     prompt: tuple[int, ...]
     params: RouterParams
     end_id: int | None = None
-    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()  # token level: the document-end tokens
+    stop_text: StopText | None = None  # stop strings, matched on the decoded text
 
     @property
     def stop(self) -> StopCriteria:
         return StopCriteria(self.params.max_tokens, self.end_id, self.stop_sequences)
+
+    @property
+    def end_tokens(self) -> frozenset[int]:
+        """Single tokens that end an answer (end_id, document ends)."""
+        ends = {s[0] for s in self.stop_sequences if len(s) == 1}
+        return frozenset(ends | ({self.end_id} if self.end_id is not None else set()))
 
 
 @dataclass
@@ -173,6 +184,7 @@ class BlockLoop:
         # a stop sequence may start in tokens already generated: hold back len - 1 of them
         self.stop_holdback = max((len(s) - 1 for s in request.stop_sequences), default=0)
         self.done = False
+        self.unvouched_tail: tuple[int, ...] = ()  # route: light's ending tokens cut off, unchecked
         self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p, self.params.random_seed)
 
     # ---- committing -------------------------------------------------------------------
@@ -191,12 +203,23 @@ class BlockLoop:
         start = self.generated
         self.tokens.extend(int(t) for t in new)
         self.sources.extend([source] * len(new))
-        stop = find_stop(self.tokens[self.prompt_len :], start, self.request.stop)
+        generated = self.tokens[self.prompt_len :]
+        stop = first_stop(generated, start, self.request.stop, self.request.stop_text,
+                          min_keep=self.final_len - self.prompt_len)
         if stop is not None:
+            self.unvouched_tail = tuple(generated[stop.keep : stop.tail_end])
             self._truncate(self.prompt_len + stop.keep)
             self.done = True
             self.stats.finish_reason = stop.reason
+            self.stats.stop_trim_chars = stop.trim
         return self.generated - start
+
+    def _reopen(self) -> None:
+        """A heavy check rejected the ending: the answer goes on."""
+        self.done = False
+        self.unvouched_tail = ()
+        self.stats.finish_reason = ""
+        self.stats.stop_trim_chars = 0
 
     def _truncate(self, length: int) -> None:
         del self.tokens[length:]
@@ -285,20 +308,8 @@ class BlockLoop:
         first_input = len(self.tokens) - (n - m)
         if self.hooks is not None:
             self._note_route_verdicts(hres, first_input)
-        # result index i is heavy's verdict on the token at position first_input + 1 + i
-        start = max(self.verified_len, self.final_len, first_input + 1)
-        lo, hi = start - first_input - 1, len(self.tokens) - first_input - 1
-        reject = first_strong_rejection(
-            np.asarray(self.tokens[start:]), hres.tokens[lo:hi], hres.input_probs[lo:hi], self.params.rollback_threshold
-        )
         accepted = 0
-        if reject is not None:
-            position = start + reject
-            self.stats.rollbacks += 1
-            self.stats.rolled_back_tokens += len(self.tokens) - position
-            self._truncate(position)
-            self.commit([hres.tokens[lo + reject]], HEAVY)
-        else:
+        if not self._rollback(list(self.tokens), hres, first_input):
             if want_dist:
                 verdict = accept_speculative(unsure, q, hres.dist[-(m + 1) :], self.sampling.seed, len(self.tokens))
             else:
@@ -308,7 +319,45 @@ class BlockLoop:
             self.commit(unsure[:accepted], LIGHT)
             self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
+        self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
         return accepted
+
+    def _rollback(self, seq: list[int], hres: BranchResult, first_input: int) -> bool:
+        """Roll back to the first unvouched token of ``seq`` (the committed tokens + cut-off
+        ending tokens) heavy rejects, strongly or by ending there; commit heavy's choice."""
+        start = max(self.verified_len, self.final_len, first_input + 1)
+        lo, hi = start - first_input - 1, len(seq) - first_input - 1
+        reject = first_strong_rejection(
+            np.asarray(seq[start:]), hres.tokens[lo:hi], hres.input_probs[lo:hi], self.params.rollback_threshold,
+            self.request.end_tokens,
+        )
+        if reject is None:
+            return False
+        position = start + reject
+        self.stats.rollbacks += 1
+        self.stats.rolled_back_tokens += len(seq) - position
+        self._reopen()
+        self._truncate(min(position, len(self.tokens)))
+        restored = seq[len(self.tokens) : position]  # cut-off ending tokens before the rejection stand
+        self.tokens.extend(restored)
+        self.sources.extend([LIGHT] * len(restored))
+        self.commit([hres.tokens[lo + reject]], HEAVY)
+        return True
+
+    def needs_vouching(self) -> bool:
+        """Route: the answer ended on tokens the heavy model has not checked."""
+        return self.done and (len(self.tokens) > max(self.verified_len, self.final_len) or bool(self.unvouched_tail))
+
+    async def vouch_end(self) -> None:
+        """Route, ending (end_id, stop string, max_tokens): one heavy forward checks every
+        unchecked token and the ending tokens; a rejection rolls back and the answer goes on."""
+        tail = list(self.unvouched_tail)
+        hres, n = await self.heavy.step(self.tokens, extra=tail, sampling=self.sampling)
+        self.heavy.record_forward(hres)
+        seq = self.tokens + tail
+        self._rollback(seq, hres, len(seq) - n)
+        self.verified_len = len(self.tokens)
+        self.unvouched_tail = ()
 
     def _note_route_verdicts(self, hres: BranchResult, first_input: int) -> None:
         """Heavy's verdict on every token drafted in this block (all were sent to heavy)."""
@@ -362,6 +411,12 @@ class BlockLoop:
             await self.verify_block()
         else:
             await self.route_block()
+        self._check_length()
+        while mode == Mode.ROUTE and self.needs_vouching():
+            await self.vouch_end()
+            self._check_length()
+
+    def _check_length(self) -> None:
         if self.remaining <= 0 and not self.done:
             self.done = True
             self.stats.finish_reason = "length"
@@ -372,6 +427,9 @@ class BlockLoop:
             new_final = len(self.tokens)
         else:
             new_final = len(self.tokens) - self.stop_holdback
+            text = self.request.stop_text
+            if text is not None:  # hold back text that could still begin a stop string
+                new_final = min(new_final, self.prompt_len + text.safe_len(self.tokens[self.prompt_len :]))
             if self.params.mode == Mode.ROUTE:
                 new_final = min(new_final, max(self.verified_len, len(self.tokens) - self.params.rollback_window))
         new_final = max(new_final, self.final_len)

@@ -4,7 +4,8 @@ The router sends, per response, a window of token ids whose first ``prefix_len``
 were already covered by earlier responses (a few tokens of left context keep byte-level
 BPE merges and multi-byte characters intact). The delta is decode(window) minus
 decode(window[:prefix_len]); while a multi-byte character is incomplete (the decoder
-yields U+FFFD at the end), it is held back until the tokens that complete it arrive.
+yields U+FFFD at the end), it is held back until the tokens that complete it arrive. On the
+final window, ``trim`` characters at the end (where a stop string began) are dropped.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ class Detokenizer:
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
-    def delta(self, window, prefix_len: int, final: bool) -> str:
+    def delta(self, window, prefix_len: int, final: bool, trim: int = 0) -> str:
         before = _complete(self.decode(window[:prefix_len])) if prefix_len else ""
         text = self.decode(window)
+        if trim > 0:
+            text = text[: max(0, len(text) - trim)]
         if not final:
             text = _complete(text)
         if not text.startswith(before):

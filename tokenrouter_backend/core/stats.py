@@ -30,6 +30,7 @@ class RequestStats:
     first_token_ms: float = 0.0
     total_ms: float = 0.0
     finish_reason: str = ""
+    stop_trim_chars: int = 0  # characters of the last kept tokens' text a stop string began in
 
     @property
     def light_share(self) -> float:

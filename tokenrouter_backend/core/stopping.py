@@ -1,7 +1,8 @@
-"""When generation ends: max_tokens, end_id and stop sequences (token ids).
+"""When generation ends at the token level: max_tokens, end_id and stop token sequences.
 
 Pure functions over the generated token list; the block loop calls ``find_stop`` after
-every commit with the index where the new tokens start.
+every commit with the index where the new tokens start. Token sequences carry the
+exporter's document-end tokens; stop strings are matched on text (``stop_text.py``).
 """
 from __future__ import annotations
 
@@ -23,17 +24,23 @@ class Stop:
 
     keep: int  # generated tokens that remain
     reason: str  # "end_id" | "stop_words" | "length"
+    end: int = -1  # generated[:end] holds the ending tokens (-1: same as keep)
+    trim: int = 0  # characters at the end of the kept tokens' text to drop (stop strings)
+
+    @property
+    def tail_end(self) -> int:
+        return self.keep if self.end < 0 else self.end
 
 
 def find_stop(generated: list[int], start: int, criteria: StopCriteria) -> Stop | None:
     """First stop among generated[start:] (earliest wins), else None."""
     for i in range(start, len(generated)):
         if criteria.end_id is not None and generated[i] == criteria.end_id:
-            return Stop(i, "end_id")
+            return Stop(i, "end_id", i + 1)
         for seq in criteria.stop_sequences:
             n = len(seq)
             if n and i + 1 >= n and tuple(generated[i + 1 - n : i + 1]) == seq:
-                return Stop(i + 1 - n, "stop_words")
+                return Stop(i + 1 - n, "stop_words", i + 1)
         if i + 1 >= criteria.max_tokens:
             return Stop(criteria.max_tokens, "length")
     return None

@@ -2,7 +2,8 @@
 
 The template is copied to OUT, every ``${name}`` in each config.pbtxt is replaced from a
 dict (a placeholder left without a value is an error naming it and the file), the tokenizer
-goes to ``preprocessing/1/tokenizer/`` and ``postprocessing/1/tokenizer/``, each branch's
+goes to ``preprocessing/1/tokenizer/``, ``router/1/tokenizer/`` (stop strings) and
+``postprocessing/1/tokenizer/``, each branch's
 ONNX files + model.json to ``heavy/1/`` and ``light/1/``, and ``export.json`` records what
 was exported.
 """
@@ -20,7 +21,7 @@ from .onnx_export import DATA_FILE, onnx_files
 
 CONFIG_FILE = "config.pbtxt"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-TOKENIZER_DIRS = ("preprocessing/1/tokenizer", "postprocessing/1/tokenizer")
+TOKENIZER_DIRS = ("preprocessing/1/tokenizer", "router/1/tokenizer", "postprocessing/1/tokenizer")
 BRANCH_DIRS = {"heavy": "heavy/1", "light": "light/1"}
 HF_DIR = "hf"  # torch runtime: HF folder inside a branch directory
 EXPORT_REPORT = "export.json"

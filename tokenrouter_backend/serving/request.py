@@ -2,13 +2,15 @@
 
 Names follow the TensorRT-LLM ensemble (``max_tokens``, ``temperature``, ...); router knobs
 are optional inputs named after ``RouterParams`` fields. Limits that need the prompt (the
-context length) are checked here.
+context length) and the stop strings (``stop_words``, matched on text: they need the
+router's decoder) are checked here.
 """
 from __future__ import annotations
 
 from tokenrouter_backend.core.block_loop import GenerationRequest
 from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.stop_text import Decode, StopText, parse_stop_words
 from tokenrouter_backend.core.stopping import split_stop_ids
 from tokenrouter_backend.serving.tensors import input_array, input_scalar
 
@@ -32,10 +34,15 @@ OPTIONAL_INPUTS = {
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"
 END_ID_INPUT = "END_ID"
+STOP_WORDS_INPUT = "stop_words"
 
 
-def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: Mode | None = None) -> GenerationRequest:
-    """Build the core request; raises InvalidRequest naming the field."""
+def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: Mode | None = None,
+                  decode: Decode | None = None) -> GenerationRequest:
+    """Build the core request; raises InvalidRequest naming the field.
+
+    ``decode`` (token ids -> text, as postprocessing decodes) is needed for stop_words.
+    """
     given = {field: input_scalar(pb_utils, request, name) for field, name in OPTIONAL_INPUTS.items()}
     if override_mode:
         given["router_mode"] = override_mode
@@ -56,4 +63,15 @@ def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: Mo
         params=params,
         end_id=None if end_id is None or end_id < 0 else int(end_id),
         stop_sequences=split_stop_ids([] if stops is None else stops.reshape(-1).tolist()),
+        stop_text=stop_text(input_array(pb_utils, request, STOP_WORDS_INPUT), decode),
     )
+
+
+def stop_text(words, decode: Decode | None) -> StopText | None:
+    """The ``stop_words`` tensor (strings) -> the request's StopText, None when there are none."""
+    strings = parse_stop_words([] if words is None else words.reshape(-1).tolist())
+    if not strings:
+        return None
+    if decode is None:
+        raise InvalidRequest("stop_words needs the router's tokenizer (router/1/tokenizer); this repository has none")
+    return StopText(strings, decode)

@@ -2,8 +2,11 @@
 
 ``execute`` starts one coroutine per request and returns; each coroutine runs the block
 loop against the heavy/light branches and streams final token ids (plus routing stats)
-to postprocessing. Every request ends with exactly one COMPLETE_FINAL response: the
-last tokens, an error naming the field or branch, or a cancellation.
+to postprocessing (the final response says how many characters of its text a stop
+string began in: ``STOP_TRIM``). The router decodes with the tokenizer the exporter
+copied into ``router/1/tokenizer`` to match stop strings on text. Every request ends
+with exactly one COMPLETE_FINAL response: the last tokens, an error naming the field or
+branch, or a cancellation.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.block_loop import RequestCancelled, generate
 from tokenrouter_backend.core.branch_protocol import BranchError
-from tokenrouter_backend.core.detokenize import stream_window
+from tokenrouter_backend.core.detokenize import Detokenizer, stream_window
 from tokenrouter_backend.core.names import HEAVY, LIGHT
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.stats import RequestStats
@@ -25,11 +28,13 @@ from tokenrouter_backend.operations.admission import Operations
 from tokenrouter_backend.serving.request import parse_request
 from tokenrouter_backend.serving.request_info import request_info
 from tokenrouter_backend.serving.tensors import config_parameters, error_response
+from tokenrouter_backend.serving.text_models import find_tokenizer
 
 OUTPUT_IDS = "OUTPUT_IDS"
 PREFIX_LEN = "PREFIX_LEN"
 IS_FINAL = "IS_FINAL"
 ROUTING_STATS = "ROUTING_STATS"
+STOP_TRIM = "STOP_TRIM"
 
 
 class ResponseWriter:
@@ -52,6 +57,7 @@ class ResponseWriter:
             pb.Tensor(PREFIX_LEN, np.array([[prefix]], dtype=np.int32)),
             pb.Tensor(IS_FINAL, np.array([[finished]], dtype=bool)),
             pb.Tensor(ROUTING_STATS, np.array([[stats.to_json().encode()]], dtype=np.object_)),
+            pb.Tensor(STOP_TRIM, np.array([[stats.stop_trim_chars if finished else 0]], dtype=np.int32)),
         ])
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if finished else 0
         self.sender.send(response, flags=flags)
@@ -67,6 +73,8 @@ class RouterModel:
         self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
         self.light = BlsBranch(LIGHT, self.defaults.light_model, pb_utils)
         self.heavy = self._heavy_branch()
+        tokenizer = find_tokenizer(args, config_parameters(args))
+        self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
         self.inflight: set[asyncio.Task] = set()
 
     def _heavy_branch(self):
@@ -90,7 +98,7 @@ class RouterModel:
         sender = request.get_response_sender()
         mode, arm, reason = self.defaults.mode, "", "error"  # labels if it fails before admission
         try:
-            gen_request = parse_request(pb, request, self.defaults)
+            gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
             admission = self.ops.admit(request_info(pb, request), gen_request.params)
             mode, arm = admission.params.mode, admission.arm
             gen_request = dataclasses.replace(gen_request, params=admission.params)

@@ -2,7 +2,9 @@
 
 Both load the tokenizer the exporter copied into ``<version dir>/tokenizer`` and are
 stateless per execution: postprocessing gets everything it needs from the router's
-response (token window, prefix length, final flag, stats).
+response (token window, prefix length, final flag, stats, and on the final response the
+characters a stop string began in, which it drops). Stop strings go to the router as
+text; preprocessing only adds the exporter's document-end tokens (``STOP_IDS``).
 """
 from __future__ import annotations
 
@@ -23,16 +25,24 @@ from tokenrouter_backend.serving.tensors import (
 TOKENIZER_DIR = "tokenizer"
 
 
+def _tokenizer_file(args: dict, parameters: dict[str, str]) -> Path:
+    version_dir = Path(args["model_repository"]) / args["model_version"]
+    return version_dir / parameters.get("tokenizer_dir", TOKENIZER_DIR) / "tokenizer.json"
+
+
 def load_tokenizer(args: dict, parameters: dict[str, str]):
     from tokenizers import Tokenizer
 
-    version_dir = Path(args["model_repository"]) / args["model_version"]
-    folder = version_dir / parameters.get("tokenizer_dir", TOKENIZER_DIR)
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return Tokenizer.from_file(str(_tokenizer_file(args, parameters)))
+
+
+def find_tokenizer(args: dict, parameters: dict[str, str]):
+    """The model's tokenizer, or None when its version directory has none."""
+    return load_tokenizer(args, parameters) if _tokenizer_file(args, parameters).is_file() else None
 
 
 class PreprocessingModel:
-    """text_input, stop_words, end_id -> INPUT_ID, STOP_IDS, END_ID."""
+    """text_input, end_id -> INPUT_ID, STOP_IDS (document-end tokens), END_ID."""
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
@@ -60,9 +70,6 @@ class PreprocessingModel:
         if not -1 <= end_id < self.vocab_size:
             return error_response(pb, f"end_id must be -1 (none) or in [0, {self.vocab_size - 1}]; got {end_id}")
         stop_ids: list[int] = [x for t in self.stop_token_ids for x in (t, -1)]
-        for word in input_strings(pb, request, "stop_words"):
-            if word:
-                stop_ids += self.tokenizer.encode(word, add_special_tokens=False).ids + [-1]
         return pb.InferenceResponse(output_tensors=[
             pb.Tensor("INPUT_ID", np.asarray(ids, dtype=np.int32).reshape(1, -1)),
             pb.Tensor("STOP_IDS", np.asarray(stop_ids or [-1], dtype=np.int32).reshape(1, -1)),
@@ -71,7 +78,7 @@ class PreprocessingModel:
 
 
 class PostprocessingModel:
-    """OUTPUT_IDS window, PREFIX_LEN, IS_FINAL, ROUTING_STATS -> text_output, routing_stats."""
+    """OUTPUT_IDS window, PREFIX_LEN, IS_FINAL, ROUTING_STATS, STOP_TRIM -> text_output, routing_stats."""
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
@@ -86,7 +93,8 @@ class PostprocessingModel:
         prefix = int(input_scalar(pb, request, "PREFIX_LEN") or 0)
         final = bool(input_scalar(pb, request, "IS_FINAL"))
         stats = input_scalar(pb, request, "ROUTING_STATS_IN") or "{}"
-        text = self.detok.delta(window.tolist(), prefix, final)
+        trim = int(input_scalar(pb, request, "STOP_TRIM") or 0) if final else 0
+        text = self.detok.delta(window.tolist(), prefix, final, trim)
         return pb.InferenceResponse(output_tensors=[
             pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_)),
             pb.Tensor("routing_stats", np.array([[stats.encode()]], dtype=np.object_)),
