@@ -41,8 +41,8 @@ FORBIDDEN_PATH = re.compile(
     re.MULTILINE)
 
 ORGANISATION_WORDS = re.compile(
-    r"\b(?:lent|neighbou?r'?s?|teammates?|the team|our team|device tool|device time"
-    r"|this session|another session|other sessions'?|shared (?:box|machine|host)"
+    r"\b(?:lent|neighbou?r'?s? (?:job|load|work)|teammates?|the team|our team|device tool|device time"
+    r"|this session|(?:another|other) sessions?'?s? (?:job|load|work)|shared (?:box|machine|host)"
     r"|cannot be carried|the brief)\b"
     r"|\.\./shared|\bDESIGN\.md\b",
     re.IGNORECASE)
