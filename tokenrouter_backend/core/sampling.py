@@ -54,8 +54,20 @@ def processed_probs(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
 
 
 def position_rng(seed: int, position: int, stream: int = 0) -> np.random.Generator:
-    """A generator that depends only on (seed, position, stream): batch-independent."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(position), int(stream)])
+    """The generator of the draws for the token at sequence index ``position``.
+
+    Position p always means "the token at index p of prompt + generated text", in every mode
+    and at every block size or batch, so a seeded request samples the same text whatever
+    the block size, batching or timing. A counter-based Philox generator: the key is the
+    seed (64 bits), the counter holds (stream, position) in separate words, so distinct
+    (seed, position, stream) never share draws (``stream`` 0: the branches' token draws;
+    acceptance uses its own stream).
+    """
+    if not 0 <= position < 1 << 64 or not 0 <= stream < 1 << 64:
+        raise ValueError(f"position {position} / stream {stream} outside 0..2**64-1")
+    key = np.array([int(seed) & 0xFFFFFFFFFFFFFFFF, 0], dtype=np.uint64)
+    counter = np.array([0, 0, int(stream), int(position)], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key, counter=counter))
 
 
 def choose(probs: np.ndarray, sampling: Sampling, positions: np.ndarray) -> np.ndarray:

@@ -147,7 +147,11 @@ class BranchEngine:
 
     # ---- forwards ----------------------------------------------------------------
     def _extend(self, works: list[_Work]) -> None:
-        """The one batched forward over all new tokens; scores every new position."""
+        """The one batched forward over all new tokens; scores every new position.
+
+        Input token j sits at sequence index length + j; its logits choose the token at
+        index length + j + 1, which is the position its draw is keyed by.
+        """
         positions = [w.session.length for w in works]
         ids = [np.asarray(w.op.input_ids, dtype=np.int64) for w in works]
         logits = self._forward(works, ids)
@@ -161,9 +165,11 @@ class BranchEngine:
     def _draft_step(self, works: list[_Work]) -> None:
         """Feed each drafting op its last drafted token; score the next one."""
         ids = [np.array([w.tokens[-1][-1]], dtype=np.int64) for w in works]
-        logits = self._forward(works, ids)
+        # the fed token sits at index session.length; the one scored next at length + 1
+        positions = [w.session.length + 1 for w in works]
+        logits = self._forward(works, ids)  # advances every session's length by one
         for row, w in enumerate(works):
-            self._score(w, logits[row, :1], np.array([w.session.length + 1]))
+            self._score(w, logits[row, :1], np.array([positions[row]]))
             w.drafted += 1
 
     def _forward(self, works: list[_Work], ids: list[np.ndarray]) -> np.ndarray:

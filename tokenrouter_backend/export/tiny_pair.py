@@ -1,11 +1,15 @@
 """The tiny heavy/light test pair: one small byte-level BPE tokenizer trained offline on
 Python stdlib sources, two standard ``Qwen2ForCausalLM`` models (GQA) briefly trained on
-the same text so that they agree on many tokens. Deterministic (fixed seeds), seconds on
-two cores, skipped when already built (stamp file).
+the same text so that they agree on many tokens. Deterministic: fixed seeds, deterministic
+torch algorithms and a fixed thread count while training, a single-threaded tokenizer
+trainer — two builds on one machine are byte-identical. Seconds on two cores, skipped when
+already built (stamp file).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sysconfig
 import time
@@ -26,7 +30,8 @@ PAD_TOKEN = "<|pad|>"
 SEQ_LEN = 64  # training window
 BATCH = 8
 SEED = 1234
-BUILD_VERSION = 2  # bump when anything above or the model presets change
+TRAIN_THREADS = 1  # torch intra-op threads while building: float sums in one fixed order
+BUILD_VERSION = 3  # bump when anything above, the model presets or the training recipe change
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ def train_tokenizer(text: str):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(text.split("\n\n"), trainer=trainer)
+    with _env("TOKENIZERS_PARALLELISM", "false"):  # one thread: merges in one fixed order
+        tok.train_from_iterator(text.split("\n\n"), trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
 
 
@@ -128,9 +134,44 @@ def train(model, ids, spec: TinyModelSpec, teacher=None) -> float:
     return float(loss.detach())
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """Set one environment variable for the block, restoring its previous state."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
+def deterministic_torch(seed: int = SEED, threads: int = TRAIN_THREADS):
+    """Seeded RNG, deterministic algorithms, a fixed thread count; all restored afterwards."""
+    import torch
+
+    state = torch.random.get_rng_state()
+    algorithms = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    num_threads = torch.get_num_threads()
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(num_threads)
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        torch.random.set_rng_state(state)
+
+
 def _stamp_data() -> dict:
     return {"version": BUILD_VERSION, "train_tokens": TRAIN_TOKENS, "distill_ce": DISTILL_CE_WEIGHT,
             "heavy": asdict(HEAVY), "light": asdict(LIGHT), "vocab": VOCAB_SIZE, "seed": SEED,
+            "train_threads": TRAIN_THREADS,
             "files": list(CORPUS_FILES)}
 
 
@@ -157,10 +198,10 @@ def build_tiny_pair(out_dir: Path) -> tuple[Path, Path]:
     report = {"settings": _stamp_data()}
     teacher = None
     for name, spec, path in (("heavy", HEAVY, heavy_dir), ("light", LIGHT, light_dir)):
-        torch.manual_seed(SEED)
-        model = make_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
-        report[f"{name}_params"] = sum(p.numel() for p in model.parameters())
-        report[f"{name}_loss"] = round(train(model, ids, spec, teacher), 4)
+        with deterministic_torch():
+            model = make_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+            report[f"{name}_params"] = sum(p.numel() for p in model.parameters())
+            report[f"{name}_loss"] = round(train(model, ids, spec, teacher), 4)
         teacher = model
         if path.exists():
             shutil.rmtree(path)
