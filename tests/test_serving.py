@@ -75,8 +75,12 @@ def test_route_limits_equal_light_and_verify(server, tokenizer):
     for prompt in PROMPTS[:6]:
         p = ids(tokenizer, prompt)
         light, _ = router_tokens(server.grpc_url, p, router_mode="light", max_tokens=20)
-        route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20, confidence_threshold=0.0)
-        assert route0 == light and stats0["heavy_calls"] == 0
+        # every light token stands unchecked; one heavy forward vouches for the answer before it
+        # ends: at rollback_threshold 0 it can only end it early, where heavy's choice is to end
+        route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
+                                       confidence_threshold=0.0, rollback_threshold=0.0)
+        assert stats0["heavy_calls"] == 1 and route0 == light[: len(route0)]
+        assert route0 == light or stats0["finish_reason"] == "end_id"
         verify, _ = router_tokens(server.grpc_url, p, router_mode="verify", max_tokens=20)
         route_hi, stats_hi = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
                                            confidence_threshold=1.5)
