@@ -102,7 +102,8 @@ def _stamp_key(source: Source, role: str, options: ExportOptions) -> str:
     shaping = {"v": EXPORTER_VERSION, "role": role, "src": fingerprint(source), "device": options.device,
                "validate": not options.skip_validation, "deps": versions.dependency_versions()}
     if role == "light":
-        shaping["quant"] = [options.light_quant, quantize.AUTO_AGREEMENT_SLACK, quantize.NBITS_BLOCK_SIZE]
+        shaping["quant"] = [options.light_quant, quantize.AUTO_AGREEMENT_SLACK, quantize.NBITS_BLOCK_SIZE,
+                            quantize.NBITS_ACCURACY_LEVEL]
     if options.runtime != "onnx":  # onnx stamps stay as they were before runtimes existed
         shaping["runtime"] = options.runtime
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
