@@ -31,7 +31,9 @@ SEQ_LEN = 64  # training window
 BATCH = 8
 SEED = 1234
 TRAIN_THREADS = 1  # torch intra-op threads while building: float sums in one fixed order
-BUILD_VERSION = 3  # bump when anything above, the model presets or the training recipe change
+# bump when anything above, the model presets or the training recipe change what is built
+# (the deterministic settings left the weights byte-identical to version 2's: measured)
+BUILD_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,6 @@ def deterministic_torch(seed: int = SEED, threads: int = TRAIN_THREADS):
 def _stamp_data() -> dict:
     return {"version": BUILD_VERSION, "train_tokens": TRAIN_TOKENS, "distill_ce": DISTILL_CE_WEIGHT,
             "heavy": asdict(HEAVY), "light": asdict(LIGHT), "vocab": VOCAB_SIZE, "seed": SEED,
-            "train_threads": TRAIN_THREADS,
             "files": list(CORPUS_FILES)}
 
 
