@@ -20,7 +20,7 @@ from tokenrouter_backend.export.validate import (
     validate_onnx,
 )
 
-INT8_SANE_FLOOR = 0.85  # tiny pair, top-1 vs transformers FP32 (measured ~0.95)
+INT4_SANE_FLOOR = 0.80  # tiny pair, 4-bit weights (measured 0.84; the demo 0.5B: 0.974)
 
 
 def test_fp32_parity(tiny_export):
@@ -36,14 +36,14 @@ def test_default_quantization_is_the_documented_mode(tiny_export):
     """No --light-quant: the documented default, validated, not timed, with its reason."""
     out, report = tiny_export
     light = report["light"]
-    assert ExportOptions().light_quant == quantize.DEFAULT_MODE == "matmulnbits8"
+    assert ExportOptions().light_quant == quantize.DEFAULT_MODE == "matmulnbits4"
     assert light["precision"] == quantize.PRECISION_NAMES[quantize.DEFAULT_MODE]
     assert set(light["quant_candidates"]) == {quantize.DEFAULT_MODE}
     cand = light["quant_candidates"][quantize.DEFAULT_MODE]
     print(f"light default: top-1 {cand['top1_agreement']:.3f}, {cand['onnx_bytes']} B")
     assert "step_ms_b1" not in cand and "step_ms_b8" not in cand
     assert cand["batch_invariant"] is True
-    assert light["validation"]["top1_agreement"] >= max(INT8_SANE_FLOOR, INT8_MIN_AGREEMENT)
+    assert light["validation"]["top1_agreement"] >= max(INT4_SANE_FLOOR, INT8_MIN_AGREEMENT)
     saved = json.loads((out / "export.json").read_text())
     assert saved["light_quantization"] == {"mode": light["precision"], "reason": quantize.DEFAULT_REASON}
     assert saved["light"]["quant_reason"] == quantize.DEFAULT_REASON
@@ -74,21 +74,21 @@ def _export_light(tiny_pair, work, monkeypatch, light_quant: str) -> tuple[pipel
 
 def test_only_auto_takes_timings(tiny_pair, tmp_path, monkeypatch):
     build, timings = _export_light(tiny_pair, tmp_path / "default", monkeypatch, quantize.DEFAULT_MODE)
-    assert timings == [] and build.precision == "int8-matmulnbits"
+    assert timings == [] and build.precision == "int4-matmulnbits"
     build, timings = _export_light(tiny_pair, tmp_path / "fixed", monkeypatch, "dynamic")
     assert timings == [] and build.precision == "int8-dynamic"
     assert build.quant_reason.startswith("requested with --light-quant dynamic")
     assert "batch-dependent" in build.quant_reason
     build, timings = _export_light(tiny_pair, tmp_path / "auto", monkeypatch, quantize.AUTO)
-    assert sorted(timings) == sorted([(1, pipeline.BENCH_PAST), (8, pipeline.BENCH_PAST)] * len(quantize.QUANT_MODES))
-    assert set(build.quant_candidates) == set(quantize.QUANT_MODES)
+    assert sorted(timings) == sorted([(1, pipeline.BENCH_PAST), (8, pipeline.BENCH_PAST)] * len(quantize.AUTO_MODES))
+    assert set(build.quant_candidates) == set(quantize.AUTO_MODES)
     for mode, cand in build.quant_candidates.items():
         assert (cand["step_ms_b1"], cand["step_ms_b8"]) == (2.0, 9.0), mode  # the timings taken
         assert cand["batch_invariant"] == quantize.BATCH_INVARIANT[mode]
     chosen = quantize.pick_fastest(build.quant_candidates)
     assert build.precision == quantize.PRECISION_NAMES[chosen]
     assert build.quant_reason.startswith("auto: ") and f": {chosen} (" in build.quant_reason
-    for mode in quantize.QUANT_MODES:
+    for mode in quantize.AUTO_MODES:
         assert f"{mode} top-1" in build.quant_reason
 
 

@@ -39,7 +39,7 @@ from .sources import (
 )
 from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
 
-EXPORTER_VERSION = 2  # bump when the ONNX produced for the same inputs changes (2: light default matmulnbits8)
+EXPORTER_VERSION = 3  # bump when the ONNX produced for the same inputs changes (3: light default matmulnbits4)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_repository"
 DEVICES = ("cpu", "cuda")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF folders for torch_lm
@@ -270,7 +270,7 @@ def export_light(source: Source, tokenizer, work: Path, options: ExportOptions) 
 
 def _quantize_and_pick(fp32_dir, out_dir, refs, prompts, options, build: BranchBuild) -> None:
     auto = options.light_quant == quantize.AUTO
-    modes = quantize.QUANT_MODES if auto else (options.light_quant,)
+    modes = quantize.AUTO_MODES if auto else (options.light_quant,)
     t0 = time.perf_counter()
     for mode in modes:
         cand = fp32_dir.parent / f"light-{mode}"

@@ -1,13 +1,18 @@
-"""Light-branch INT8 quantization of an exported FP32 ONNX model (onnxruntime.quantization).
+"""Light-branch quantization of an exported FP32 ONNX model (onnxruntime.quantization).
 
 Modes (``--light-quant``):
-  matmulnbits8 (default)  weight-only: 8-bit symmetric blockwise weights in MatMulNBits,
+  matmulnbits4 (default)  weight-only: 4-bit symmetric blockwise weights in MatMulNBits,
                           FP32 activations and compute (accuracy_level 1), so a row's logits
-                          do not depend on the other rows of the batch
+                          do not depend on the other rows of the batch; ONNX Runtime's CPU has
+                          a fast FP32-compute kernel for 4-bit weights
+  matmulnbits8            the same with 8-bit weights: batch-invariant and closer to FP32, but
+                          ONNX Runtime's CPU kernel for 8-bit weights with FP32 compute is slow
+                          (measured 17x slower than FP32 on the demo light model)
   dynamic                 quantize_dynamic, INT8 weights per tensor (MatMulInteger, DynamicQuantizeLinear)
   dynamic-per-channel     quantize_dynamic, INT8 weights per output channel
-  auto                    build all three, keep the fastest decode step among those whose top-1
-                          agreement with FP32 is within AUTO_AGREEMENT_SLACK of the best one
+  auto                    build matmulnbits4 and the two dynamic modes, keep the fastest decode
+                          step among those whose top-1 agreement with FP32 is within
+                          AUTO_AGREEMENT_SLACK of the best one
 
 The two ``dynamic`` modes are BATCH-DEPENDENT: DynamicQuantizeLinear takes one activation
 scale over the whole batch tensor (padding rows included), so a request's light tokens and
@@ -25,23 +30,27 @@ from tokenrouter_backend.engine.onnx_lm import INFO_FILE, MODEL_FILE, ModelInfo
 
 from .onnx_export import DATA_FILE, EXTERNAL_DATA_BYTES
 
-QUANT_MODES = ("matmulnbits8", "dynamic", "dynamic-per-channel")
-DEFAULT_MODE = "matmulnbits8"
+QUANT_MODES = ("matmulnbits4", "matmulnbits8", "dynamic", "dynamic-per-channel")
+DEFAULT_MODE = "matmulnbits4"
 AUTO = "auto"
+# what `auto` builds and times: matmulnbits8 is left out (its CPU kernel makes a timed step take seconds)
+AUTO_MODES = ("matmulnbits4", "dynamic", "dynamic-per-channel")
 PRECISION_NAMES = {
     "dynamic": "int8-dynamic",
     "dynamic-per-channel": "int8-dynamic-per-channel",
     "matmulnbits8": "int8-matmulnbits",
+    "matmulnbits4": "int4-matmulnbits",
 }
-BATCH_INVARIANT = {"matmulnbits8": True, "dynamic": False, "dynamic-per-channel": False}
+NBITS = {"matmulnbits4": 4, "matmulnbits8": 8}  # weight bits of the MatMulNBits modes
+BATCH_INVARIANT = {"matmulnbits4": True, "matmulnbits8": True, "dynamic": False, "dynamic-per-channel": False}
 NBITS_BLOCK_SIZE = 32  # weights per scale in MatMulNBits
 # 1 = FP32 compute on de-quantized weights: batch-invariant. 4 (int8 activations per block of a row)
 # is NOT: on the demo 0.5B a session's probabilities moved by up to 0.016 inside a padded batch
 # (the kernel path depends on the batch shape); see docs/benchmarks.md
 NBITS_ACCURACY_LEVEL = 1
 AUTO_AGREEMENT_SLACK = 0.05  # "equal agreement": within 5 points of the best mode (see pick_fastest)
-DEFAULT_REASON = ("default: weight-only 8-bit MatMulNBits (FP32 activations), so a session's tokens "
-                  "do not depend on the batch (docs/benchmarks.md)")
+DEFAULT_REASON = ("default: weight-only 4-bit MatMulNBits (FP32 activations and compute), so a session's "
+                  "tokens do not depend on the batch, at a third of FP32's decode step (docs/benchmarks.md)")
 
 
 def _has_data(src_dir: Path) -> bool:
@@ -59,11 +68,12 @@ def quantize_dynamic_int8(src_dir: Path, dst_dir: Path, per_channel: bool) -> No
     )
 
 
-def quantize_nbits8(src_dir: Path, dst_dir: Path) -> None:
+def quantize_nbits(src_dir: Path, dst_dir: Path, bits: int) -> None:
+    """Weight-only blockwise quantization of every MatMul with constant weights (MatMulNBits)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quant = MatMulNBitsQuantizer(
-        str(Path(src_dir) / MODEL_FILE), bits=8, block_size=NBITS_BLOCK_SIZE,
+        str(Path(src_dir) / MODEL_FILE), bits=bits, block_size=NBITS_BLOCK_SIZE,
         is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL,
     )
     quant.process()
@@ -80,8 +90,8 @@ def quantize_light(src_dir: Path, dst_dir: Path, mode: str) -> ModelInfo:
     if dst_dir.exists():
         shutil.rmtree(dst_dir)
     dst_dir.mkdir(parents=True)
-    if mode == "matmulnbits8":
-        quantize_nbits8(src_dir, dst_dir)
+    if mode in NBITS:
+        quantize_nbits(src_dir, dst_dir, NBITS[mode])
     else:
         quantize_dynamic_int8(src_dir, dst_dir, per_channel=(mode == "dynamic-per-channel"))
     info = ModelInfo.load(Path(src_dir) / INFO_FILE)

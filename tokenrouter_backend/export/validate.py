@@ -159,7 +159,7 @@ def validate_onnx(model_dir, refs, prompts, precision: str, device: str = "cpu",
     positions = sum(c["positions"] for c in per_check.values())
     agreement = sum(c["top1_agreement"] * c["positions"] for c in per_check.values()) / positions
     max_diff = max(c["max_abs_diff"] for c in per_check.values())
-    is_int8 = precision.startswith("int8")
+    is_int8 = precision.startswith(("int8", "int4"))  # quantized: judged by agreement
     tol = None if is_int8 else (FP16_REL_TOL if precision == "fp16" else FP32_REL_TOL) * max(scale, 1.0)
     report = ValidationReport(
         precision=precision, max_abs_diff=max_diff, logit_scale=scale, tolerance=tol,
