@@ -25,7 +25,8 @@ ALLOWED = {
     "server": set(),
     "export": {"core", "engine", "server"},
     "client": {"core", "engine", "server", "export"},
-    "cli": {"core", "engine", "branches", "operations", "serving", "server", "export", "client"},
+    "openai_front": {"core", "client"},
+    "cli": {"core", "engine", "branches", "operations", "serving", "server", "export", "client", "openai_front"},
 }
 ROOT_MODULES = {"__init__", "__main__"}  # the package itself: its version and `python -m`
 FRAMEWORKS = ("tritonclient", "triton_python_backend_utils", "onnxruntime", "torch",

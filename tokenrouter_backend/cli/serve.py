@@ -44,8 +44,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-file", type=Path, default=None,
                         help="server log (default <data>/logs/tritonserver-<time>-<pid>.log)")
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
+    add_openai_arguments(parser)
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
                         help=f"seconds to wait for every model (default {DEFAULT_READY_TIMEOUT_S:.0f})")
+
+
+class FrontFailed(Exception):
+    """The OpenAI front could not start."""
+
+
+def add_openai_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("OpenAI-compatible front (off unless --openai-port is given)")
+    group.add_argument("--openai-port", type=int, default=None,
+                       help="serve /v1/models, /v1/completions, /v1/chat/completions on this port "
+                            "(0 = pick a free one; default: off)")
+    group.add_argument("--openai-address", default=LOOPBACK,
+                       help=f"address the OpenAI front listens on (default {LOOPBACK}; 0.0.0.0 for all)")
+    group.add_argument("--chat-template", type=Path, default=None,
+                       help="Jinja chat template file replacing the exported tokenizer's "
+                            "(default: the tokenizer's own, preprocessing/1/tokenizer)")
+
+
+def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str):
+    """The OpenAI front on ``--openai-port`` (None when not asked for)."""
+    if args.openai_port is None:
+        return None
+    from tokenrouter_backend.openai_front.app import FrontConfig
+    from tokenrouter_backend.openai_front.chat_template import TOKENIZER_DIR
+    from tokenrouter_backend.openai_front.runner import FrontStartError, OpenAIFront
+
+    tokenizer = Path(repository) / TOKENIZER_DIR
+    config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template)
+    try:
+        return OpenAIFront(config, host=args.openai_address, port=args.openai_port).start()
+    except FrontStartError as err:
+        raise FrontFailed(str(err)) from err
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
                           ready_timeout_s=args.ready_timeout)
     stop_requested = threading.Event()
     serving = threading.Event()
+    front = None
 
     def on_signal(signum, _frame):
         stop_requested.set()
@@ -75,10 +109,14 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         server.start()
         server.wait_ready()
+        front = start_openai_front(args, repository, server.grpc_url)
         print(f"ready\n  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n"
-              f"  metrics {server.metrics_url}", flush=True)
+              f"  metrics {server.metrics_url}" + (f"\n  OpenAI  {front.url}" if front else ""), flush=True)
         serving.set()
         while not stop_requested.wait(POLL_INTERVAL_S):
+            if front is not None and not front.is_running():
+                print("tokenrouter serve: the OpenAI front stopped; stopping", file=sys.stderr)
+                return 1
             if not server.is_running():
                 code = server.stop()
                 print(f"tokenrouter serve: tritonserver exited with code {code}; "
@@ -89,10 +127,15 @@ def run(args: argparse.Namespace) -> int:
     except TritonServerError as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 1
+    except FrontFailed as err:
+        print(f"tokenrouter serve: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("tokenrouter serve: interrupted while loading; stopping", file=sys.stderr)
         return 130
     finally:
+        if front is not None:
+            front.stop()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -16,8 +16,9 @@ import numpy as np
 MODEL = "tokenrouter"
 KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id")
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
-               "rollback_threshold", "draft_confidence_threshold")
+               "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile")
 KNOBS_STR = ("router_mode", "block_schedule")
+KNOBS_BOOL = ("decision_log",)
 
 
 @dataclass
@@ -78,7 +79,9 @@ def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float 
     return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks)
 
 
-def _grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
+def grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
+    """The ensemble's input tensors (``grpcclient``: ``tritonclient.grpc`` or its ``aio``)."""
+
     def tensor(name, value, dtype, triton_type):
         t = grpcclient.InferInput(name, [1, 1], triton_type)
         t.set_data_from_numpy(np.array([[value]], dtype=dtype))
@@ -94,6 +97,8 @@ def _grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
             inputs.append(tensor(k, float(v), np.float32, "FP32"))
         elif k in KNOBS_STR:
             inputs.append(tensor(k, str(v).encode(), np.object_, "BYTES"))
+        elif k in KNOBS_BOOL:
+            inputs.append(tensor(k, bool(v), bool, "BOOL"))
         elif k == "random_seed":
             inputs.append(tensor(k, int(v), np.uint64, "UINT64"))
         elif k == "stop_words":
@@ -117,7 +122,7 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
     start = time.perf_counter()
     chunks, stats, ttft = [], {}, 0.0
     try:
-        client.async_stream_infer(MODEL, _grpc_inputs(grpcclient, prompt, stream, knobs),
+        client.async_stream_infer(MODEL, grpc_inputs(grpcclient, prompt, stream, knobs),
                                   enable_empty_final_response=True)
         while True:
             result, error = results.get(timeout=timeout_s)

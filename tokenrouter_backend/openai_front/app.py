@@ -1,0 +1,190 @@
+"""The ASGI app: FastAPI routes onto the ensemble's gRPC stream.
+
+``create_app(FrontConfig)`` loads the chat template once; the gRPC (asyncio) client lives in
+the app's event loop (lifespan). Streams are answered with HTTP 200 only once the first
+response arrived, so a refused request gets its HTTP status; later errors become one
+``data: {"error": ...}`` event before ``data: [DONE]``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from .chat_template import ChatTemplate
+from .errors import OpenAIError, not_found, server_error, unavailable
+from .protocol import ChatBody, CompletionBody, GenerationBody
+from .responses import DONE, PUBLIC_MODEL, Endpoint, Reply, model_card, models_list, sse
+from .triton_stream import Piece, generate
+
+CLIENT_GONE_STATUS = 499  # nobody reads it: the client closed the connection
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    triton_grpc_url: str  # host:port of the server holding the ensemble
+    tokenizer_dir: Optional[Path] = None  # the exported tokenizer (its chat template); None = no chat
+    chat_template_file: Optional[Path] = None  # a Jinja chat template replacing the tokenizer's
+    request_timeout_s: float = 600.0  # one answer, start to end
+    disconnect_poll_s: float = 0.2  # how often a non-streamed request checks its client is still there
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was complete."""
+
+
+def create_app(config: FrontConfig) -> FastAPI:
+    chat = ChatTemplate(config.tokenizer_dir, config.chat_template_file) if config.tokenizer_dir else None
+    started = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        import tritonclient.grpc.aio as grpcclient
+
+        app.state.triton = grpcclient.InferenceServerClient(config.triton_grpc_url)
+        try:
+            yield
+        finally:
+            await app.state.triton.close()
+
+    app = FastAPI(title="TokenRouter (OpenAI-compatible)", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_exception_handler(OpenAIError, lambda _r, exc: JSONResponse(exc.body(), status_code=exc.status))
+    app.add_exception_handler(HTTPException, _http_error)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return models_list(started)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        if model_id != PUBLIC_MODEL:
+            raise not_found(f"The model '{model_id}' does not exist", "model_not_found")
+        return model_card(started)
+
+    @app.get("/health")
+    async def health():
+        try:
+            ready = await app.state.triton.is_server_ready()
+        except Exception as exc:  # noqa: BLE001 - any failure to ask means not ready
+            raise unavailable(f"the inference server is not reachable: {exc}") from exc
+        if not ready:
+            raise unavailable("the inference server is not ready")
+        return {"status": "ok"}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _parse(request, CompletionBody)
+        prefix = body.prompt_text() if body.echo else ""
+        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompt_text(), prefix)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await _parse(request, ChatBody)
+        if chat is None:
+            raise OpenAIError("this front was started without the exported tokenizer: no chat template",
+                              param="messages", code="chat_template_missing")
+        prompt = chat.render(body.template_messages())
+        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "")
+
+    return app
+
+
+async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+    kind = "not_found" if exc.status_code == 404 else None
+    return JSONResponse(OpenAIError(str(exc.detail), status=exc.status_code, code=kind).body(),
+                        status_code=exc.status_code)
+
+
+async def _parse(request: Request, model: type[GenerationBody]) -> GenerationBody:
+    try:
+        data = json.loads(await request.body())
+    except ValueError as exc:
+        raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    try:
+        body = model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"])
+        raise OpenAIError(f"{param}: {err['msg']}", param=param) from exc
+    body.check()
+    if body.model != PUBLIC_MODEL:
+        raise not_found(f"The model '{body.model}' does not exist (this server serves '{PUBLIC_MODEL}')",
+                        "model_not_found")
+    return body
+
+
+async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
+                  prompt: str, prefix: str) -> Response:
+    pieces = generate(app.state.triton, prompt, body.stream, body.knobs(), reply.id, config.request_timeout_s)
+    try:
+        if not body.stream:
+            text, stats = await _until_disconnected(request, _collect(pieces), config.disconnect_poll_s)
+            return JSONResponse(reply.body(prefix + text, stats))
+        first = await _until_disconnected(request, anext(pieces, None), config.disconnect_poll_s)
+    except ClientGone:
+        await pieces.aclose()
+        return Response(status_code=CLIENT_GONE_STATUS)
+    except OpenAIError:
+        await pieces.aclose()
+        raise
+    if first is None:
+        raise server_error("the server ended the stream without an answer")
+    return StreamingResponse(_events(reply, body, first, pieces, prefix), media_type="text/event-stream")
+
+
+async def _collect(pieces) -> tuple[str, dict]:
+    text, stats = [], {}
+    async with contextlib.aclosing(pieces):
+        async for piece in pieces:
+            text.append(piece.text)
+            stats = piece.stats
+    return "".join(text), stats
+
+
+async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, prefix: str):
+    """SSE events; a disconnect cancels this generator, and closing ``pieces`` cancels the stream."""
+    async with contextlib.aclosing(pieces):
+        stats = first.stats
+        yield reply.chunk(prefix + first.text, first=True)
+        try:
+            async for piece in pieces:
+                stats = piece.stats
+                if piece.text:
+                    yield reply.chunk(piece.text)
+        except OpenAIError as err:
+            yield sse(err.body())
+            yield DONE
+            return
+        yield reply.chunk("", stats)
+        if body.include_usage:
+            yield reply.usage_chunk(stats)
+        yield DONE
+
+
+async def _until_disconnected(request: Request, awaitable, poll_s: float):
+    """Await ``awaitable``; cancel it and raise ``ClientGone`` when the client disconnects."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            gone = await request.is_disconnected()
+            if gone:
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

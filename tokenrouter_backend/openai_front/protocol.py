@@ -1,0 +1,181 @@
+"""OpenAI request bodies: what is accepted, what is refused by name, and the ensemble knobs.
+
+The OpenAI fields TokenRouter implements map onto the ensemble's inputs; the router knobs
+(``router_mode``, ``confidence_threshold``, ...) are accepted as extra body fields. Fields
+TokenRouter cannot honour (``n`` > 1, ``logprobs``, tools, penalties, ...) are refused with an
+error naming them rather than silently ignored; a few that change nothing about the answer
+(``user``, ``metadata``, ``store``, ...) are accepted and ignored. Any other field is refused.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import OpenAIError
+
+MAX_STOP = 4  # OpenAI's limit on `stop` strings
+SEED_MAX = (1 << 64) - 1
+IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
+                            "prompt_cache_key", "safety_identifier"})
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class RouterKnobs(BaseModel):
+    """The ensemble's router knobs as extra body fields (docs/configuration.md has their defaults)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    router_mode: Optional[str] = None
+    block_size: Optional[int] = None
+    block_schedule: Optional[str] = None
+    confidence_threshold: Optional[float] = None
+    entropy_threshold: Optional[float] = None
+    rollback_threshold: Optional[float] = None
+    rollback_window: Optional[int] = None
+    draft_confidence_threshold: Optional[float] = None
+    top_k: Optional[int] = None
+    decision_log: Optional[bool] = None
+    dynamic_threshold_quantile: Optional[float] = None
+
+
+ROUTER_KNOBS = tuple(RouterKnobs.model_fields)
+
+
+class GenerationBody(RouterKnobs):
+    """Fields common to both endpoints."""
+
+    model: str
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(default=None, ge=0, le=SEED_MAX)
+    stop: Union[str, list[str], None] = None
+    n: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, Any]] = None
+
+    def check(self) -> None:
+        """Refuse what is well-formed but not supported, and unknown fields, by name."""
+        unknown = sorted(set(self.model_extra or {}) - IGNORED_FIELDS)
+        if unknown:
+            raise OpenAIError(f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0])
+        if self.n is not None and self.n != 1:
+            raise OpenAIError(f"n must be 1 (one choice per request); got {self.n}", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise OpenAIError(f"{name} is not supported (only 0); got {getattr(self, name)}", param=name)
+        if self.logit_bias:
+            raise OpenAIError("logit_bias is not supported", param="logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise OpenAIError("stream_options is only allowed with stream: true", param="stream_options")
+        stops = self.stop_words()
+        if len(stops) > MAX_STOP:
+            raise OpenAIError(f"stop has {len(stops)} entries; at most {MAX_STOP} allowed", param="stop")
+        if any(not s for s in stops):
+            raise OpenAIError("stop strings must be non-empty", param="stop")
+
+    def stop_words(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def answer_tokens(self) -> Optional[int]:
+        return self.max_tokens
+
+    def knobs(self) -> dict[str, Any]:
+        """The ensemble's optional inputs for this request (absent fields stay server defaults)."""
+        knobs: dict[str, Any] = {name: getattr(self, name) for name in ROUTER_KNOBS}
+        knobs.update(max_tokens=self.answer_tokens(), temperature=self.temperature, top_p=self.top_p,
+                     random_seed=self.seed, stop_words=self.stop_words() or None)
+        return {k: v for k, v in knobs.items() if v is not None}
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionBody(GenerationBody):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+    logprobs: Optional[int] = None
+
+    def check(self) -> None:
+        super().check()
+        if self.suffix:
+            raise OpenAIError("suffix is not supported", param="suffix")
+        if self.best_of not in (None, 1):
+            raise OpenAIError(f"best_of must be 1; got {self.best_of}", param="best_of")
+        if self.logprobs is not None:
+            raise OpenAIError("logprobs is not supported", param="logprobs")
+        self.prompt_text()
+
+    def prompt_text(self) -> str:
+        """The one text prompt (a list of one string is accepted); token-id prompts are refused."""
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise OpenAIError("prompt must be one string (token-id prompts and batches of prompts "
+                                  "are not supported)", param="prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise OpenAIError("prompt must not be empty", param="prompt")
+        return prompt
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+    def for_template(self) -> dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or ())
+        message = {"role": self.role, "content": text}
+        if self.name:
+            message["name"] = self.name
+        return message
+
+
+class ChatBody(GenerationBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Any] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    def check(self) -> None:
+        super().check()
+        for name in ("tools", "tool_choice", "functions", "function_call"):
+            if getattr(self, name) not in (None, [], "none"):
+                raise OpenAIError(f"{name} is not supported (no tool calling)", param=name)
+        if self.logprobs or self.top_logprobs:
+            raise OpenAIError("logprobs is not supported", param="logprobs")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise OpenAIError(f"response_format {self.response_format.get('type')!r} is not supported "
+                              "(only 'text')", param="response_format")
+
+    def answer_tokens(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return [m.for_template() for m in self.messages]

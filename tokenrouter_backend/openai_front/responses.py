@@ -1,0 +1,95 @@
+"""OpenAI response bodies and stream chunks for both endpoints.
+
+``usage`` comes from the router's ``routing_stats`` (``prompt_tokens``, ``generated_tokens``);
+``finish_reason`` is ``length`` when ``max_tokens`` ended the answer, ``stop`` for the end token,
+a document-end token or a stop string. The full routing stats travel in the extension field
+``routing_stats`` (the final chunk of a stream carries them).
+"""
+from __future__ import annotations
+
+import enum
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+PUBLIC_MODEL = "tokenrouter"
+STATS_FIELD = "routing_stats"
+DONE = "data: [DONE]\n\n"
+
+
+class Endpoint(enum.Enum):
+    COMPLETION = "text_completion"
+    CHAT = "chat.completion"
+
+    @property
+    def id_prefix(self) -> str:
+        return "cmpl" if self is Endpoint.COMPLETION else "chatcmpl"
+
+    @property
+    def chunk_object(self) -> str:
+        return "text_completion" if self is Endpoint.COMPLETION else "chat.completion.chunk"
+
+
+def finish_reason(stats: dict) -> str:
+    return "length" if stats.get("finish_reason") == "length" else "stop"
+
+
+def usage(stats: dict) -> dict:
+    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("generated_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@dataclass
+class Reply:
+    """One request's response identity; builds its body or its stream chunks."""
+
+    endpoint: Endpoint
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        self.id = self.id or f"{self.endpoint.id_prefix}-{uuid.uuid4().hex}"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": PUBLIC_MODEL,
+                "system_fingerprint": None}
+
+    def body(self, text: str, stats: dict) -> dict:
+        """The non-streamed response."""
+        if self.endpoint is Endpoint.COMPLETION:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(stats)}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                      "logprobs": None, "finish_reason": finish_reason(stats)}
+        return {**self._head(self.endpoint.value), "choices": [choice], "usage": usage(stats), STATS_FIELD: stats}
+
+    def chunk(self, text: str, stats: Optional[dict] = None, first: bool = False) -> str:
+        """One SSE event; ``stats`` given = the last chunk (finish_reason and routing stats)."""
+        reason = finish_reason(stats) if stats is not None else None
+        if self.endpoint is Endpoint.COMPLETION:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        else:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        event = {**self._head(self.endpoint.chunk_object), "choices": [choice]}
+        if stats is not None:
+            event[STATS_FIELD] = stats
+        return sse(event)
+
+    def usage_chunk(self, stats: dict) -> str:
+        """``stream_options.include_usage``: the extra last chunk with no choices and the usage."""
+        return sse({**self._head(self.endpoint.chunk_object), "choices": [], "usage": usage(stats)})
+
+
+def sse(event: dict) -> str:
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+def models_list(created: int) -> dict:
+    return {"object": "list", "data": [model_card(created)]}
+
+
+def model_card(created: int) -> dict:
+    return {"id": PUBLIC_MODEL, "object": "model", "created": created, "owned_by": "tokenrouter"}
