@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: set up, fetch and export the demo pair, serve it through Triton, send the
-# code-completion requests in heavy/verify/route modes, print answers and routing stats, stop. Idempotent: cached
+# code-completion requests in heavy/verify/route modes, print answers and routing stats, ask one
+# chat question through the OpenAI-compatible front, stop. Idempotent: cached
 # downloads and an up-to-date export are reused.
 # Env: TOKENROUTER_DATA (data dir, default ~/.cache/tokenrouter), DEMO_READY_TIMEOUT (s).
 set -euo pipefail
@@ -24,11 +25,11 @@ echo "== export it to a Triton model repository: $REPO"
 "$TR" export --heavy "$HEAVY" --light "$LIGHT" --out "$REPO"
 
 echo "== serve it"
-read -r HTTP_PORT GRPC_PORT METRICS_PORT < <("$PY" -c \
-  "from tokenrouter_backend.server.ports import free_ports; print(*free_ports(3))")
+read -r HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT < <("$PY" -c \
+  "from tokenrouter_backend.server.ports import free_ports; print(*free_ports(4))")
 SERVE_OUT="$LOGS/demo-serve.out"
 "$TR" serve --repository "$REPO" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
-  --metrics-port "$METRICS_PORT" --ready-timeout "$READY_TIMEOUT" >"$SERVE_OUT" 2>&1 &
+  --metrics-port "$METRICS_PORT" --openai-port "$OPENAI_PORT" --ready-timeout "$READY_TIMEOUT" >"$SERVE_OUT" 2>&1 &
 SERVE_PID=$!
 stop_server() {
   if kill -0 "$SERVE_PID" 2>/dev/null; then
@@ -49,7 +50,8 @@ done
 cat "$SERVE_OUT"
 export TOKENROUTER_HTTP_URL="http://127.0.0.1:$HTTP_PORT" TOKENROUTER_GRPC_URL="127.0.0.1:$GRPC_PORT"
 
-echo "== generate: code completion in heavy, verify and route modes"
-"$PY" -m tokenrouter_backend.client.demo --url "127.0.0.1:$HTTP_PORT"
+echo "== generate: code completion in heavy, verify and route modes; one chat answer (OpenAI endpoint)"
+"$PY" -m tokenrouter_backend.client.demo --url "127.0.0.1:$HTTP_PORT" \
+  --openai-url "http://127.0.0.1:$OPENAI_PORT/v1"
 
 echo "== stop (logs of the export and the server: $LOGS)"

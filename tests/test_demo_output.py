@@ -34,3 +34,28 @@ def test_demo_prints_each_answer_behind_a_margin_then_an_aligned_table(monkeypat
     rows = table[2:]
     assert len(rows) == len(headers) and all(len(r) == len(table[0]) for r in rows)
     assert rows[4].split() == ["2", "verify", "3", "6.00", "50%", "0.67"]
+
+
+class _FakeResponse:
+    status_code = 200
+
+    def json(self):
+        return {"choices": [{"message": {"content": "It builds a list.\nIn one line."}, "finish_reason": "stop"}],
+                "usage": {"completion_tokens": 9}, "routing_stats": {"light_share": 0.25}}
+
+
+def test_demo_asks_one_chat_question_through_the_openai_endpoint(monkeypatch, capsys):
+    import requests
+
+    calls, sent = [], []
+    monkeypatch.setattr(demo, "generate_http", _fake_generate(calls))
+    monkeypatch.setattr(requests, "post", lambda url, json, timeout: sent.append((url, json)) or _FakeResponse())
+    assert demo.main(["--url", "h:1", "--openai-url", "http://h:2/v1"]) == 0
+    out = capsys.readouterr().out
+    (url, body), = sent
+    assert url == "http://h:2/v1/chat/completions" and body["model"] == "tokenrouter"
+    assert body["messages"] == [{"role": "user", "content": demo.CHAT_QUESTION}]
+    assert "=== chat through the OpenAI endpoint (verify): 9 tokens in" in out and "light share 25%" in out
+    assert f"  user      | {demo.CHAT_QUESTION}" in out.splitlines()
+    assert "  assistant | It builds a list." in out.splitlines() and "  assistant | In one line." in out.splitlines()
+    assert out.index("=== summary") < out.index("=== chat")
