@@ -113,3 +113,39 @@ def test_serve_refuses_a_missing_repository(tmp_path):
     proc = _tokenrouter("serve", "--repository", str(tmp_path / "nope"), data_dir=tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "model repository not found" in err
+
+
+@pytest.mark.triton
+def test_serve_openai_port_starts_the_front_and_stops_it(tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    repo = tmp_path / "repo"
+    write_python_model(repo, "add_one", ADD_ONE_MODEL)
+    proc = _tokenrouter(*_serve_args(repo, tmp_path), "--openai-port", "0", data_dir=tmp_path / "data")
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("  OpenAI"):
+                break
+        text = "".join(lines)
+        found = re.search(r"OpenAI +(http://127\.0\.0\.1:\d+/v1)", text)
+        assert found, text + proc.stderr.read()
+        with urllib.request.urlopen(f"{found.group(1)}/models", timeout=30) as r:
+            assert [m["id"] for m in json.loads(r.read())["data"]] == ["tokenrouter"]
+        with urllib.request.urlopen(found.group(1).removesuffix("/v1") + "/health", timeout=30) as r:
+            assert r.status == 200
+        chat = urllib.request.Request(f"{found.group(1)}/chat/completions", method="POST", data=json.dumps(
+            {"model": "tokenrouter", "messages": [{"role": "user", "content": "hi"}]}).encode())
+        with pytest.raises(urllib.error.HTTPError) as info:  # this repository has no tokenizer
+            urllib.request.urlopen(chat, timeout=30)
+        assert info.value.code == 400 and json.loads(info.value.read())["error"]["code"] == "chat_template_missing"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=SERVE_TIMEOUT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    assert _server_pids(repo) == []
