@@ -27,6 +27,8 @@ class Subcommand:
 SUBCOMMANDS = (
     Subcommand("serve", "tokenrouter_backend.cli.serve",
                "run tritonserver on a model repository (default: the exported demo pair)"),
+    Subcommand("openai", "tokenrouter_backend.cli.front",
+               "the OpenAI-compatible front alone, against a running tritonserver"),
     Subcommand("models", "tokenrouter_backend.cli.models",
                "get model pairs: fetch-demo (Qwen2.5-Coder GGUFs), tiny (test pair)"),
     Subcommand("export", "tokenrouter_backend.export.pipeline",

@@ -1,0 +1,56 @@
+"""`tokenrouter openai`: the OpenAI-compatible front alone, against a running tritonserver
+(a sidecar beside Triton in a pod; `tokenrouter serve --openai-port` runs both in one process)."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tokenrouter_backend.server.ports import LOOPBACK
+
+DEFAULT_PORT = 9000
+POLL_S = 0.5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--triton-grpc", default=f"{LOOPBACK}:8001",
+                        help=f"gRPC host:port of the server holding the ensemble (default {LOOPBACK}:8001)")
+    parser.add_argument("--repository", type=Path, default=None,
+                        help="the model repository (its preprocessing/1/tokenizer gives the chat template); "
+                             "default: no chat template")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = free)")
+    parser.add_argument("--address", default=LOOPBACK, help=f"address (default {LOOPBACK}; 0.0.0.0 for all)")
+    parser.add_argument("--chat-template", type=Path, default=None,
+                        help="Jinja chat template file replacing the exported tokenizer's")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenrouter_backend.openai_front.app import FrontConfig
+    from tokenrouter_backend.openai_front.chat_template import TOKENIZER_DIR
+    from tokenrouter_backend.openai_front.runner import FrontStartError, OpenAIFront
+
+    tokenizer = args.repository / TOKENIZER_DIR if args.repository else None
+    if tokenizer is not None and not tokenizer.is_dir():
+        print(f"tokenrouter openai: no tokenizer at {tokenizer}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    front = OpenAIFront(FrontConfig(args.triton_grpc, tokenizer, args.chat_template), host=args.address,
+                        port=args.port)
+    try:
+        front.start()
+        print(f"ready\n  OpenAI  {front.url}  (Triton gRPC {args.triton_grpc})", flush=True)
+        while not stop.wait(POLL_S):
+            if not front.is_running():
+                print("tokenrouter openai: the front stopped", file=sys.stderr)
+                return 1
+        return 0
+    except FrontStartError as err:
+        print(f"tokenrouter openai: {err}", file=sys.stderr)
+        return 1
+    finally:
+        front.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
