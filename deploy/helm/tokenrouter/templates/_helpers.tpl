@@ -1,0 +1,149 @@
+{{- define "tokenrouter.fullname" -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tokenrouter.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tokenrouter.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .pool }}
+{{- end -}}
+
+{{/* Pod annotations: Prometheus scraping of Triton's metrics port */}}
+{{- define "tokenrouter.podAnnotations" -}}
+{{- if .Values.prometheus.scrape }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.ports.metrics | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
+
+{{/* The model repository volume and, for source=init, the container that fills it */}}
+{{- define "tokenrouter.repositoryVolume" -}}
+- name: models
+{{- if eq .Values.modelRepository.source "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.modelRepository.pvc.claimName }}
+    readOnly: true
+{{- else if eq .Values.modelRepository.source "init" }}
+  emptyDir:
+    sizeLimit: {{ .Values.modelRepository.init.sizeLimit }}
+{{- else }}
+{{- fail (printf "modelRepository.source must be pvc or init; got %q" .Values.modelRepository.source) }}
+{{- end }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shmSizeLimit }}
+{{- end -}}
+
+{{- define "tokenrouter.initContainers" -}}
+{{- if eq .Values.modelRepository.source "init" }}
+initContainers:
+  - name: model-repository
+    image: {{ required "modelRepository.init.image is required when modelRepository.source is init" .Values.modelRepository.init.image }}
+    command: ["sh", "-c", "cp -a {{ .Values.modelRepository.init.path }}/. /models/"]
+    volumeMounts:
+      - {name: models, mountPath: /models}
+{{- end }}
+{{- end -}}
+
+{{- define "tokenrouter.repositoryMount" -}}
+- name: models
+  mountPath: {{ .Values.modelRepository.mountPath }}
+  readOnly: {{ eq .Values.modelRepository.source "pvc" }}
+{{- with .Values.modelRepository.pvc.subPath }}
+  subPath: {{ . }}
+{{- end }}
+- name: dshm
+  mountPath: /dev/shm
+{{- end -}}
+
+{{/* The tritonserver container of one pool: .root, .pool, .spec (router or heavy values) */}}
+{{- define "tokenrouter.triton" -}}
+- name: triton
+  image: "{{ .root.Values.image.repository }}:{{ .root.Values.image.tag }}"
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  command: ["/opt/nvidia/nvidia_entrypoint.sh", "tritonserver"]
+  args:
+    - --model-repository={{ .root.Values.modelRepository.mountPath }}
+    - --model-control-mode=explicit
+    {{- range .spec.models }}
+    - --load-model={{ . }}
+    {{- end }}
+    - --http-port={{ .root.Values.ports.http }}
+    - --grpc-port={{ .root.Values.ports.grpc }}
+    - --metrics-port={{ .root.Values.ports.metrics }}
+    - --exit-timeout-secs=30
+  ports:
+    - {name: http, containerPort: {{ .root.Values.ports.http }}}
+    - {name: grpc, containerPort: {{ .root.Values.ports.grpc }}}
+    - {name: metrics, containerPort: {{ .root.Values.ports.metrics }}}
+  {{- with .env }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  startupProbe:
+    httpGet: {path: /v2/health/ready, port: http}
+    periodSeconds: {{ .root.Values.probes.startup.periodSeconds }}
+    failureThreshold: {{ .root.Values.probes.startup.failureThreshold }}
+  readinessProbe:
+    httpGet: {path: /v2/health/ready, port: http}
+    periodSeconds: {{ .root.Values.probes.readiness.periodSeconds }}
+    failureThreshold: {{ .root.Values.probes.readiness.failureThreshold }}
+  livenessProbe:
+    httpGet: {path: /v2/health/live, port: http}
+    periodSeconds: {{ .root.Values.probes.liveness.periodSeconds }}
+    failureThreshold: {{ .root.Values.probes.liveness.failureThreshold }}
+  resources:
+    requests:
+      {{- toYaml .spec.resources.requests | nindent 6 }}
+      {{- if gt (int .spec.gpus) 0 }}
+      nvidia.com/gpu: {{ .spec.gpus }}
+      {{- end }}
+    limits:
+      {{- toYaml .spec.resources.limits | nindent 6 }}
+      {{- if gt (int .spec.gpus) 0 }}
+      nvidia.com/gpu: {{ .spec.gpus }}
+      {{- end }}
+  volumeMounts:
+    {{- include "tokenrouter.repositoryMount" .root | nindent 4 }}
+{{- end -}}
+
+{{/* An HPA on a per-pod queue metric: .root, .pool, .spec */}}
+{{- define "tokenrouter.hpa" -}}
+{{- if .spec.autoscaling.enabled }}
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ include "tokenrouter.fullname" .root }}-{{ .pool }}
+  labels:
+    {{- include "tokenrouter.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .pool }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ include "tokenrouter.fullname" .root }}-{{ .pool }}
+  minReplicas: {{ .spec.autoscaling.minReplicas }}
+  maxReplicas: {{ .spec.autoscaling.maxReplicas }}
+  metrics:
+    - type: Pods
+      pods:
+        metric:
+          name: {{ .spec.autoscaling.metric }}
+          selector:
+            matchLabels:
+              model: {{ .spec.autoscaling.model }}
+        target:
+          type: AverageValue
+          averageValue: {{ .spec.autoscaling.targetAverageValue | quote }}
+{{- end }}
+{{- end -}}

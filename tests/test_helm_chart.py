@@ -1,0 +1,104 @@
+"""The Helm chart (deploy/helm/tokenrouter): `helm lint --strict` and `helm template` through
+Helm's own Go SDK (helm-python-sdk: no helm binary), every rendered manifest validated against
+the Kubernetes API schemas (kubernetes-validate, offline), and what the pools must hold."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "tokenrouter"
+KUBE_VERSION = "1.30.0"  # the oldest Kubernetes the chart targets (autoscaling/v2, sidecar probes)
+WARNING = 2  # helm lint severities: 1 info, 2 warning, 3 error
+
+
+def render(values: dict | None = None) -> dict[tuple[str, str], dict]:
+    """(kind, name) -> manifest, every one valid against the Kubernetes schemas."""
+    with helm.Chart.load(str(CHART)) as chart:
+        files = chart.render(values=values, name="tr", namespace="ml")
+    docs = {}
+    for path, text in files.items():
+        if not path.endswith(".yaml"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+                docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    return docs
+
+
+def pod(docs, pool: str) -> dict:
+    return docs[("Deployment", f"tr-tokenrouter-{pool}")]["spec"]["template"]
+
+
+def container(docs, pool: str, name: str) -> dict:
+    return next(c for c in pod(docs, pool)["spec"]["containers"] if c["name"] == name)
+
+
+def test_lint_is_clean():
+    report = helm.lint(str(CHART), strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= WARNING] == []
+
+
+def test_default_render_has_both_pools_and_the_heavy_hpa():
+    docs = render()
+    assert set(docs) == {("Deployment", "tr-tokenrouter-router"), ("Deployment", "tr-tokenrouter-heavy"),
+                         ("Service", "tr-tokenrouter-router"), ("Service", "tr-tokenrouter-heavy"),
+                         ("HorizontalPodAutoscaler", "tr-tokenrouter-heavy")}
+    load = lambda c: [a.split("=", 1)[1] for a in c["args"] if a.startswith("--load-model=")]  # noqa: E731
+    assert load(container(docs, "heavy", "triton")) == ["heavy"]
+    assert load(container(docs, "router", "triton")) == ["preprocessing", "router", "light", "postprocessing",
+                                                        "tokenrouter"]
+    env = {e["name"]: e["value"] for e in container(docs, "router", "triton")["env"]}
+    assert env["TOKENROUTER_HEAVY_URL"] == "tr-tokenrouter-heavy:8001"
+    assert docs[("Service", "tr-tokenrouter-heavy")]["spec"]["sessionAffinity"] == "ClientIP"
+
+
+def test_probes_annotations_and_gpu_requests():
+    docs = render()
+    for pool in ("router", "heavy"):
+        triton = container(docs, pool, "triton")
+        assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+        notes = pod(docs, pool)["metadata"]["annotations"]
+        assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": "8002", "prometheus.io/path": "/metrics"}
+    heavy = container(docs, "heavy", "triton")["resources"]
+    assert heavy["requests"]["nvidia.com/gpu"] == heavy["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in container(docs, "router", "triton")["resources"]["requests"]
+    openai = container(docs, "router", "openai")
+    assert openai["command"] == ["tokenrouter", "openai"] and "--triton-grpc=127.0.0.1:8001" in openai["args"]
+    assert openai["readinessProbe"]["httpGet"]["path"] == "/health"
+    hpa = docs[("HorizontalPodAutoscaler", "tr-tokenrouter-heavy")]["spec"]
+    metric = hpa["metrics"][0]["pods"]
+    assert metric["metric"]["name"] == "nv_inference_pending_request_count"
+    assert metric["metric"]["selector"]["matchLabels"] == {"model": "heavy"}
+    assert "replicas" not in docs[("Deployment", "tr-tokenrouter-heavy")]["spec"]  # the HPA owns it
+
+
+def test_values_switch_sources_front_and_autoscaling():
+    docs = render({"modelRepository": {"source": "init", "init": {"image": "models:1"}},
+                   "router": {"openai": {"enabled": False}, "autoscaling": {"enabled": True}},
+                   "heavy": {"autoscaling": {"enabled": False}, "replicas": 3, "gpus": 2}})
+    spec = pod(docs, "heavy")["spec"]
+    assert spec["initContainers"][0]["image"] == "models:1"
+    assert next(v for v in spec["volumes"] if v["name"] == "models")["emptyDir"]
+    assert [c["name"] for c in pod(docs, "router")["spec"]["containers"]] == ["triton"]
+    assert ("HorizontalPodAutoscaler", "tr-tokenrouter-router") in docs
+    assert ("HorizontalPodAutoscaler", "tr-tokenrouter-heavy") not in docs
+    assert docs[("Deployment", "tr-tokenrouter-heavy")]["spec"]["replicas"] == 3
+    assert container(docs, "heavy", "triton")["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"modelRepository": {"source": "s3"}}, "modelRepository.source"),
+    ({"modelRepository": {"source": "init"}}, "modelRepository.init.image"),
+])
+def test_bad_values_fail_naming_the_value(values, named):
+    with pytest.raises(helm.HelmError, match=named.replace(".", r"\.")):
+        render(values)
