@@ -252,3 +252,33 @@ def test_disconnect_cancels_the_triton_stream(front, server, stream):
     sock.close()
     assert wait_for(lambda: cancelled(server) == before + 1), "the router never saw the request cancelled"
     assert wait_for(lambda: live_sessions(server) == 0), f"sessions left behind: {live_sessions(server)}"
+
+
+def test_openai_subcommand_serves_beside_a_running_server(server, tiny_repository, template_file, client):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter_backend", "openai", "--triton-grpc", server.grpc_url,
+                             "--repository", str(tiny_repository), "--chat-template", str(template_file),
+                             "--port", "0"], env=dict(os.environ, PYTHONPATH=str(root)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        for line in proc.stdout:
+            if line.startswith("  OpenAI"):
+                break
+        found = re.search(r"OpenAI +(http://127\.0\.0\.1:\d+/v1)", line)
+        assert found, line + proc.stderr.read()
+        sidecar = openai.OpenAI(base_url=found.group(1), api_key="unused", max_retries=0, timeout=120)
+        answer = sidecar.chat.completions.create(model="tokenrouter", messages=MESSAGES, max_tokens=6)
+        same = client.chat.completions.create(model="tokenrouter", messages=MESSAGES, max_tokens=6)
+        assert answer.choices[0].message.content == same.choices[0].message.content
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
