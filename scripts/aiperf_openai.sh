@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# AIPerf against a running OpenAI front (`tokenrouter serve --openai-port PORT`): chat,
+# streaming, every mode x concurrency, then one table (TTFT, ITL, output tokens/s, requests/s).
+# AIPerf lives in its own venv (`python3.11 -m venv .venv-aiperf && .venv-aiperf/bin/pip install aiperf`).
+# Usage: scripts/aiperf_openai.sh URL TOKENIZER_DIR OUT_DIR
+#   URL            the front, e.g. http://127.0.0.1:9000
+#   TOKENIZER_DIR  the exported tokenizer (REPOSITORY/preprocessing/1/tokenizer)
+# Env: AIPERF (default .venv-aiperf/bin/aiperf), PYTHON (.venv/bin/python), MODES ("heavy verify route"),
+#      CONCURRENCIES ("1 4 8"), REQUESTS_PER_STREAM (6), ISL (64), OSL (48).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+URL=$1 TOKENIZER=$2 OUT=$3
+AIPERF=${AIPERF:-.venv-aiperf/bin/aiperf}
+for mode in ${MODES:-heavy verify route}; do
+  for c in ${CONCURRENCIES:-1 4 8}; do
+    echo "== aiperf: mode $mode, concurrency $c"
+    # server token counts: re-tokenizing the answer text can count fewer tokens than were generated
+    "$AIPERF" profile --model tokenrouter --url "$URL" --endpoint-type chat --streaming \
+      --concurrency "$c" --request-count $((c * ${REQUESTS_PER_STREAM:-6})) --warmup-request-count 2 \
+      --isl "${ISL:-64}" --osl "${OSL:-48}" --random-seed 1 --tokenizer "$TOKENIZER" \
+      --use-server-token-count --extra-inputs "router_mode:$mode" --ui none \
+      --artifact-dir "$OUT/$mode-c$c" >"$OUT/$mode-c$c.log" 2>&1 || { tail -20 "$OUT/$mode-c$c.log"; exit 1; }
+  done
+done
+"${PYTHON:-.venv/bin/python}" -m tokenrouter_backend.client.aiperf_table "$OUT"
