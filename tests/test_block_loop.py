@@ -17,7 +17,8 @@ PROMPTS = [tuple(int(x) for x in np.random.default_rng(i).integers(0, VOCAB, siz
 
 def run(prompt, mode, light=None, heavy=None, **given):
     light, heavy = (light, heavy) if light else make_pair()
-    params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": given.pop("max_tokens", 24), **given})
+    defaults = RouterDefaults(heavy_first=given.pop("heavy_first", True))
+    params = defaults.request_params({"router_mode": mode, "max_tokens": given.pop("max_tokens", 24), **given})
     emitted = []
 
     def emit(tokens, stats, finished):
@@ -58,14 +59,14 @@ def test_route_threshold_zero_equals_light():
     # rollback_threshold 0 (the toy pair has no end token)
     for prompt in PROMPTS[:10]:
         ref, _, _, _ = run(prompt, "light")
-        out, stats, _, heavy = run(prompt, "route", confidence_threshold=0.0, rollback_threshold=0.0)
+        out, stats, _, heavy = run(prompt, "route", confidence_threshold=0.0, rollback_threshold=0.0, heavy_first=False)
         assert out == ref and heavy.calls == 1 and stats.light_share == 1.0
 
 
 def test_route_threshold_above_one_equals_verify():
     for prompt in PROMPTS[:10]:
         ref, _, _, _ = run(prompt, "verify")
-        out, stats, _, heavy = run(prompt, "route", confidence_threshold=1.5)
+        out, stats, _, heavy = run(prompt, "route", confidence_threshold=1.5, heavy_first=False)
         assert out == ref
         # nothing was committed unchecked: every block went through the heavy model
         assert stats.verify_blocks == heavy.calls and stats.rollbacks == 0
