@@ -277,3 +277,42 @@ def test_live_sessions_are_never_evicted_and_growth_is_allowed():
     assert all(isinstance(r, KVBudgetFull) for r in res)
     grown = ok(eng.run([BranchOp(1, 2, tuple(range(3, 40)), draft_len=2)])[0])  # an admitted session grows
     assert grown.session_len == 40 and store.session_count == 1
+
+
+# ---- logits only where asked, per-forward token budget ---------------------------------
+LONG = {1: tuple(range(1, 40)), 2: (7, 8), 3: tuple(range(10, 27)), 4: (5,)}
+
+
+def test_score_last_returns_only_the_trailing_positions():
+    full = prefill(engine(), LONG)
+    ops = [BranchOp(sid, 0, ids, score_last=min(3, len(ids)), draft_len=2) for sid, ids in LONG.items()]
+    for op, ref, res in zip(ops, full, engine().run(ops)):
+        res = ok(res)
+        s = op.score_last
+        np.testing.assert_array_equal(res.tokens[:s], ref.tokens[-s:])
+        np.testing.assert_allclose(res.token_probs[:s], ref.token_probs[-s:], atol=1e-5)
+        np.testing.assert_allclose(res.input_probs, ref.input_probs[len(ref.input_probs) - (s - 1):], atol=1e-5)
+        assert len(res.tokens) == s + 1  # + the one further draft
+
+
+def test_chunked_forwards_match_one_forward_and_respect_the_budget():
+    one, chunked = engine(), engine(max_forward_tokens=8)
+    ops = [BranchOp(sid, 0, ids, score_last=s, draft_len=3)
+           for (sid, ids), s in zip(LONG.items(), (0, 1, 5, 0))]
+    for ref, res in zip(one.run(ops), chunked.run(ops)):
+        np.testing.assert_array_equal(ok(res).tokens, ok(ref).tokens)
+        np.testing.assert_allclose(res.token_probs, ref.token_probs, atol=1e-5)
+        np.testing.assert_allclose(res.input_probs, ref.input_probs, atol=1e-5)
+        assert res.session_len == ref.session_len
+    assert max(chunked.last_forward_tokens) <= 8 < max(one.last_forward_tokens)
+    assert chunked.largest_forward_tokens <= 8
+    # the long prompt was fed alone in chunks; the short ones shared forwards
+    assert len(chunked.last_forward_tokens) > len(one.last_forward_tokens)
+    res = ok(chunked.run([BranchOp(1, 39, (1, 2, 3))])[0])
+    assert res.forwards == 1 and res.forward_tokens == 3
+
+
+def test_score_last_out_of_range_fails_alone():
+    res = engine().run([BranchOp(1, 0, (1, 2), score_last=3), BranchOp(2, 0, (1, 2), score_last=2)])
+    assert isinstance(res[0], BranchError) and "score_last 3 outside 0..2" in str(res[0])
+    ok(res[1])

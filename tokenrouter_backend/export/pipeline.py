@@ -39,7 +39,7 @@ from .sources import (
 )
 from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
 
-EXPORTER_VERSION = 3  # bump when the ONNX produced for the same inputs changes (3: light default matmulnbits4)
+EXPORTER_VERSION = 4  # bump when the ONNX produced for the same inputs changes (4: logits_positions input)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_repository"
 DEVICES = ("cpu", "cuda")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF folders for torch_lm
