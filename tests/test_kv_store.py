@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.branch_protocol import KVBudgetFull, BranchError, SessionMissing
+from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
 from tokenrouter_backend.engine.kv_store import MIN_CAPACITY, KVShape, KVStore
 
 SHAPE = KVShape(num_layers=2, num_kv_heads=2, head_dim=4, dtype=np.dtype(np.float32), max_len=1000)

@@ -409,6 +409,7 @@ class BlockLoop:
         s.heavy_tokens = self.sources.count(HEAVY)
         if self.params.mode == Mode.ROUTE:
             s.drafts_accepted = s.light_tokens
+        s.light_skipped = self.params.mode in (Mode.VERIFY, Mode.ROUTE) and not self.light.opened
         s.total_ms = (time.perf_counter() - started) * 1e3
         s.router_overhead_ms = max(0.0, s.total_ms - s.light_ms - s.heavy_ms)
         return s

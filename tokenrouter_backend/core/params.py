@@ -50,6 +50,7 @@ class RouterDefaults:
     max_input_tokens: int = 16384  # longest prompt (tokens) a request may send
     prefill_chunk_tokens: int = 256  # a longer branch input is sent in calls of this many tokens
     heavy_first: bool = True  # verify/route: heavy prefills first, its first token is emitted at once
+    branch_timeout_s: float = 300.0  # deadline of one branch call (BLS or remote)
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":

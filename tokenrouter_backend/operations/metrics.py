@@ -70,6 +70,10 @@ SPECS = (
     MetricSpec("tokenrouter_router_route_threshold", "Route confidence threshold in force (conservative start)",
                GAUGE, ()),
     MetricSpec("tokenrouter_router_override_active", "1 while the roll-back switch forces a mode", GAUGE, ("mode",)),
+    MetricSpec("tokenrouter_router_cost_fixed_ms", "Fitted fixed cost of one branch forward (ms; -1 = not fitted yet)",
+               GAUGE, ("branch",)),
+    MetricSpec("tokenrouter_router_cost_per_token_ms",
+               "Fitted cost per padded token of a branch forward (ms; -1 = not fitted yet)", GAUGE, ("branch",)),
 )
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
