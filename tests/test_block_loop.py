@@ -192,7 +192,7 @@ def test_heavy_first_emits_heavy_token_before_the_light_model_runs():
         light, heavy = make_pair()
         seen = []
 
-        def emit(tokens, stats, finished, light=light, heavy=heavy):
+        def emit(tokens, stats, finished, light=light, heavy=heavy, seen=seen):
             seen.append((list(tokens), light.calls, heavy.calls))
 
         params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": 12, "stream": True})
