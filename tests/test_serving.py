@@ -78,15 +78,16 @@ def test_route_limits_equal_light_and_verify(server, tokenizer):
         # heavy_first: the heavy model's first token, then every light token stands unchecked;
         # one heavy forward vouches for the answer before it ends: at rollback_threshold 0 it
         # can only end it early, where heavy's choice is to end
+        # block_schedule fixed: the cost model keeps the request's blocks (it would plan heavy steps)
         route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
-                                       confidence_threshold=0.0, rollback_threshold=0.0)
+                                       confidence_threshold=0.0, rollback_threshold=0.0, block_schedule="fixed")
         assert route0[:1] == heavy
         light, _ = router_tokens(server.grpc_url, p + heavy, router_mode="light", max_tokens=19)
         assert stats0["heavy_calls"] == 2 and route0[1:] == light[: len(route0) - 1]
         assert route0[1:] == light or stats0["finish_reason"] == "end_id"
         verify, _ = router_tokens(server.grpc_url, p, router_mode="verify", max_tokens=20)
         route_hi, stats_hi = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
-                                           confidence_threshold=1.5)
+                                           confidence_threshold=1.5, block_schedule="fixed")
         assert route_hi == verify and stats_hi["verify_blocks"] == stats_hi["heavy_calls"] - 1
 
 

@@ -101,7 +101,8 @@ class RssSampler:
 
     def __enter__(self):
         if self.repo is not None:
-            self.base = self.peak = self._now()
+            self.base = self._now()
+            self.peak = dict(self.base)
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
         return self

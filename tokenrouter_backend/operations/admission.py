@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig
 from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
-from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
+from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.ab import (
@@ -213,8 +213,10 @@ class RequestHooks:
         return (self.accepted + self.ops.costs.acceptance * weight) / (self.accepted + self.rejected + weight)
 
     def _cost_plan(self, plan: BlockPlan) -> BlockPlan:
-        """verify / route: the draft length with the most tokens per unit of cost (0 = heavy step)."""
-        if not self.ops.cost_config.model or plan.mode not in (Mode.VERIFY, Mode.ROUTE):
+        """verify / route with the adaptive schedule: the draft length with the most tokens per
+        unit of cost (0 = heavy-only steps). ``block_schedule: fixed`` keeps the request's block."""
+        if (not self.ops.cost_config.model or plan.mode not in (Mode.VERIFY, Mode.ROUTE)
+                or plan.params.block_schedule == Schedule.FIXED):
             return plan
         planner = self.ops.costs.planner()
         if planner is None:
@@ -224,8 +226,8 @@ class RequestHooks:
             self.light_pays = planner.light_pays(self.prompt_tokens, p.max_tokens, a, p.max_block_size,
                                                  p.prefill_chunk_tokens)
         k = planner.best_block(a, p.max_block_size) if self.light_pays else 0
-        if k == 0:
-            return BlockPlan(p, p.block_size, Mode.HEAVY)
+        if k == 0:  # heavy-only: one token per call when streaming, so none waits for a block
+            return BlockPlan(p, 1 if p.stream else p.block_size, Mode.HEAVY)
         return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode)
 
     def after_block(self, record: BlockRecord) -> None:
