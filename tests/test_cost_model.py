@@ -117,3 +117,53 @@ def test_metered_branch_feeds_the_curve():
     asyncio.run(go())
     assert len(curve.samples) == 2 and branch.name == "heavy"
     assert curve.curve == Curve(pytest.approx(10.0), pytest.approx(1.0))
+
+
+# ---- through Operations' hooks: the plan a request gets --------------------------------
+def _ops(**params):
+    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.operations.admission import Operations
+
+    return Operations({k: str(v) for k, v in params.items()}, RouterDefaults())
+
+
+def _teach(costs, heavy: Curve, light: Curve, batch: int):
+    for curve, truth in ((costs.heavy, heavy), (costs.light, light)):
+        for tokens in (1, 2, 4, 8, 16, 32) * 5:
+            curve.observe(1, tokens * batch, truth.ms(tokens * batch), batch)
+
+
+def _plan(ops, prompt_len=20, **given):
+    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.operations.admission import RequestInfo
+
+    params = RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 256, **given})
+    adm = ops.admit(RequestInfo("r", tuple(range(prompt_len)), explicit_mode=True), params)
+    return None if adm.hooks is None else adm.hooks.plan(adm.params, adm.params.block_size)
+
+
+def test_hooks_plan_heavy_steps_on_a_loaded_cpu_and_drafts_on_a_gpu():
+    from tokenrouter_backend.core.names import Mode
+
+    cpu = _ops()
+    _teach(cpu.costs, Curve(2.0, 40.0), Curve(1.0, 12.0), batch=8)
+    assert _plan(cpu).mode == Mode.HEAVY
+    assert _plan(cpu, block_schedule="fixed").mode == Mode.VERIFY  # a fixed schedule keeps its block
+    gpu = _ops()
+    _teach(gpu.costs, Curve(25.0, 0.01), Curve(4.0, 0.005), batch=16)
+    plan = _plan(gpu)
+    assert plan.mode == Mode.VERIFY and plan.block >= 2  # prior acceptance 0.6: short, but drafting
+    off = _ops(cost_model="false")
+    _teach(off.costs, Curve(2.0, 40.0), Curve(1.0, 12.0), batch=8)
+    assert _plan(off) is None  # no hooks at all: the request runs its own schedule
+
+
+def test_overload_degradation_needs_the_server_and_the_request():
+    from tokenrouter_backend.core.names import Mode
+
+    for server, request, expect in ((True, True, True), (True, False, False), (False, True, False)):
+        ops = _ops(overload_degradation=str(server).lower())
+        ops.load.saturated = True
+        plan = _plan(ops, router_mode="route", allow_degradation=request)
+        assert plan.degraded == expect and plan.mode == Mode.ROUTE
+        assert plan.params.confidence_threshold == pytest.approx(0.6 if expect else 0.8)

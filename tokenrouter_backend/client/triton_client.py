@@ -100,6 +100,8 @@ def _grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
             inputs.append(tensor(k, float(v), np.float32, "FP32"))
         elif k in KNOBS_STR:
             inputs.append(tensor(k, str(v).encode(), np.object_, "BYTES"))
+        elif k == "allow_degradation":
+            inputs.append(tensor(k, bool(v), bool, "BOOL"))
         elif k == "random_seed":
             inputs.append(tensor(k, int(v), np.uint64, "UINT64"))
         elif k == "stop_words":

@@ -339,6 +339,11 @@ class BlockLoop:
             return await self._run_block(self.params.mode)
         plan = self.hooks.plan(self.base_params, self.block)
         self.params, self.block = plan.params, plan.block
+        if plan.degraded:
+            s = self.stats
+            s.degraded_blocks += 1
+            t = plan.params.confidence_threshold
+            s.degraded_threshold = min(s.degraded_threshold, t) if s.degraded_threshold else t
         before = BlockStart.of(self)
         self._note = BlockNote()
         await self._run_block(plan.mode)

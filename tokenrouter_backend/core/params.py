@@ -85,6 +85,7 @@ class RouterParams:
     stream: bool = False
     prefill_chunk_tokens: int = 256
     heavy_first: bool = True
+    allow_degradation: bool = False  # route: this request accepts a lower threshold under overload
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
@@ -118,6 +119,7 @@ class RouterParams:
             stream=_bool("stream", pick("stream", False)),
             prefill_chunk_tokens=_int_in("prefill_chunk_tokens", d.prefill_chunk_tokens, 1, 1 << 20),
             heavy_first=d.heavy_first,
+            allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
         )
 
 

@@ -35,6 +35,8 @@ class RequestStats:
     reprefill_tokens: int = 0  # cached tokens those rebuilds had to send again
     heavy_only_blocks: int = 0  # verify/route blocks the cost model ran on the heavy model alone
     light_skipped: bool = False  # the cost model kept the light model out of this request
+    degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)
+    degraded_threshold: float = 0.0  # the lowest such threshold (0 = never degraded)
 
     @property
     def light_share(self) -> float:

@@ -53,6 +53,15 @@ class OpsConfig:
 
 
 @dataclass(frozen=True)
+class OverloadConfig:
+    """config.pbtxt ``overload_<field>``: opt-in degradation of route requests under overload."""
+
+    degradation: bool = False  # overload_degradation: server opt-in
+    relief: float = 0.2  # threshold lowered by this while the heavy branch is saturated
+    floor: float = 0.5  # ... never below this
+
+
+@dataclass(frozen=True)
 class RequestInfo:
     """What admission needs from one request (python values, read by the glue)."""
 
@@ -82,6 +91,7 @@ class Operations:
             raise InvalidRequest(f"config parameter ab_route_percent must be in [0, 100]; got {c.ab_route_percent}")
         self.load = LoadController(self.load_config)
         self.cost_config = dataclass_from_config(CostConfig, parameters, "cost_")
+        self.overload = dataclass_from_config(OverloadConfig, parameters, "overload_")
         self.costs = BranchCosts(self.cost_config)  # the router's branches feed its curves
         self.conservative = ConservativeStart(dataclass_from_config(ConservativeConfig, parameters, "conservative_"),
                                               defaults.confidence_threshold)
@@ -109,7 +119,7 @@ class Operations:
         quantile = self._quantile(info.dynamic_quantile)
         hooks = None
         if (log or quantile > 0 or self.load_config.control or self.conservative.config.start
-                or self.cost_config.model):
+                or self.cost_config.model or self.overload.degradation):
             hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt))
         return Admission(params, arm, info.request_id, hooks)
 
@@ -205,7 +215,19 @@ class RequestHooks:
             threshold = self.ops.conservative.floor(self.dynamic.threshold(params.confidence_threshold))
             if threshold != params.confidence_threshold:
                 params = dataclasses.replace(params, confidence_threshold=threshold)
-        return self._cost_plan(self.ops.load.plan(params, block))
+        plan = self.ops.load.plan(params, block)
+        degraded = self._degrade(plan)  # an opted-in route request drafts on rather than adding heavy steps
+        return degraded if degraded is not plan else self._cost_plan(plan)
+
+    def _degrade(self, plan: BlockPlan) -> BlockPlan:
+        """route, heavy saturated, server and request opted in: a lower threshold, down to the floor."""
+        o, p = self.ops.overload, plan.params
+        if not (o.degradation and p.allow_degradation and plan.mode == Mode.ROUTE and self.ops.load.saturated):
+            return plan
+        lowered = max(o.floor, p.confidence_threshold - o.relief)
+        if lowered >= p.confidence_threshold:
+            return plan
+        return BlockPlan(dataclasses.replace(p, confidence_threshold=lowered), plan.block, plan.mode, degraded=True)
 
     def acceptance(self) -> float:
         """This request's per-token acceptance, the server-wide estimate as its prior."""

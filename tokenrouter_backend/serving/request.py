@@ -30,6 +30,7 @@ OPTIONAL_INPUTS = {
     "rollback_threshold": "rollback_threshold",
     "rollback_window": "rollback_window",
     "draft_confidence_threshold": "draft_confidence_threshold",
+    "allow_degradation": "allow_degradation",
 }
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"
