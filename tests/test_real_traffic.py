@@ -136,6 +136,10 @@ def test_inputs_over_the_limits_are_refused_by_name_and_the_server_goes_on(serve
         triton_client.generate_grpc(server.grpc_url, prompt_of(tokenizer, 1010), max_tokens=4)
     ok = triton_client.generate_grpc(server.grpc_url, prompt_of(tokenizer, 20), max_tokens=4)
     assert ok.stats["generated_tokens"] == 4
+    # the overload opt-in reaches the router (not saturated here: nothing degraded)
+    opted = triton_client.generate_grpc(server.grpc_url, prompt_of(tokenizer, 20), max_tokens=4, router_mode="route",
+                                        allow_degradation=True)
+    assert opted.stats["generated_tokens"] == 4 and opted.stats["degraded_blocks"] == 0
 
 
 def branch_rss(repo: Path) -> dict[str, int]:

@@ -33,6 +33,7 @@ DEFAULT_MODES = ("heavy", "verify", "route")
 # useless when one request takes seconds). Stability: perf_analyzer's default (10% over 3
 # windows) fails with rc 2 on a 2-core CPU whenever another process takes a core, so, as
 # genai-perf does, 999% — every window is accepted and the report covers MAX_TRIALS windows.
+LONG_WORKLOAD = "rag"  # the long RAG-like prompts of a mixed workload
 WINDOW_REQUESTS = 8
 STABILITY_PERCENT = 999
 MAX_TRIALS = 3
@@ -128,9 +129,9 @@ def _percentiles(values: list[float]) -> dict:
     return {"p50_ms": round(pick(0.5), 1), "p99_ms": round(pick(0.99), 1), "max_ms": round(v[-1], 1), "n": len(v)}
 
 
-def stream_timing(profile_path: Path, long_prefix_chars: int = 2000) -> dict:
+def stream_timing(profile_path: Path, long_texts: frozenset[str] = frozenset()) -> dict:
     """TTFT / inter-token latency / request latency percentiles from a perf_analyzer profile
-    export; split into ``short`` and ``long`` requests by their text_input's length."""
+    export; split into ``short`` and ``long`` requests (text_input one of ``long_texts``)."""
     data = json.loads(Path(profile_path).read_text())
     groups: dict[str, dict[str, list[float]]] = {}
     for experiment in data.get("experiments", []):
@@ -139,7 +140,7 @@ def stream_timing(profile_path: Path, long_prefix_chars: int = 2000) -> dict:
             if not times:
                 continue
             text = (req.get("request_inputs") or {}).get("text_input", "")
-            kind = "long" if len(str(text)) > long_prefix_chars else "short"
+            kind = "long" if text in long_texts else "short"
             for key in ("all", kind):
                 g = groups.setdefault(key, {"ttft": [], "itl": [], "latency": []})
                 g["ttft"].append((times[0] - req["timestamp"]) / 1e6)
@@ -179,13 +180,15 @@ def run_point(grpc_url: str, prompts: list[Prompt], mode: str, concurrency: int,
     data = write_input_data(work_dir / f"input_{mode}.json", prompts, mode, max_tokens, extra)
     csv_path = work_dir / f"perf_{mode}_c{concurrency}.csv"
     profile = work_dir / f"profile_{mode}_c{concurrency}.json"
+    profile.unlink(missing_ok=True)  # perf_analyzer refuses an existing export file
     cmd = perf_command(grpc_url, data, csv_path, concurrency, window_requests, profile)
     proc = subprocess.run(cmd, env=perf_env(), capture_output=True, text=True, timeout=timeout_s)
     (work_dir / f"perf_{mode}_c{concurrency}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not csv_path.exists():
         raise RuntimeError(f"perf_analyzer failed (rc {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
     point = point_from_row(mode, concurrency, max_tokens, parse_csv(csv_path))
-    timing = stream_timing(profile) if profile.exists() else None
+    longs = frozenset(p.text for p in prompts if p.workload == LONG_WORKLOAD)
+    timing = stream_timing(profile, longs) if profile.exists() else None
     return dataclasses.replace(point, timing=timing)
 
 
@@ -205,6 +208,32 @@ def sweep(grpc_url: str, prompts: list[Prompt], modes=DEFAULT_MODES, concurrenci
                                           if "error" not in p else f"error {p['error'][-200:]}"))
             points.append(p)
     return points
+
+
+def markdown_table(points: list[dict]) -> str:
+    """The sweep as a docs/benchmarks.md table; ratios to heavy-only at the same concurrency."""
+    heavy = {p["concurrency"]: p for p in points if p["mode"] == "heavy" and "error" not in p}
+    lines = ["| mode | conc. | req/s | x heavy | p50 / p99 latency s | TTFT p50 / p99 s | ITL p50 / p99 ms "
+             "| short worst s | long worst s |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        if "error" in p:
+            lines.append(f"| {p['mode']} | {p['concurrency']} | error: {p['error'][-80:]} |||||||")
+            continue
+        t = p.get("timing") or {}
+        ref = heavy.get(p["concurrency"])
+        ratio = f"{p['throughput_rps'] / ref['throughput_rps']:.2f}" if ref else "-"
+
+        def pct(group, metric, key, scale=1e-3, fmt=".1f", t=t):
+            v = t.get(group, {}).get(metric, {}).get(key)
+            return "-" if v is None else format(v * scale, fmt)
+
+        lines.append(
+            f"| {p['mode']} | {p['concurrency']} | {p['throughput_rps']:.3f} | {ratio} "
+            f"| {p['p50_latency_ms'] / 1e3:.1f} / {p['p99_latency_ms'] / 1e3:.1f} "
+            f"| {pct('all', 'ttft', 'p50_ms')} / {pct('all', 'ttft', 'p99_ms')} "
+            f"| {pct('all', 'itl', 'p50_ms', 1, '.0f')} / {pct('all', 'itl', 'p99_ms', 1, '.0f')} "
+            f"| {pct('short', 'latency', 'max_ms')} | {pct('long', 'latency', 'max_ms')} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,13 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.long_share > 0:
         from .traffic import rag_prompt
 
-        longs = [Prompt(f"rag/{i}", "rag", rag_prompt(a.long_tokens, offset=i)) for i in range(3)]
+        longs = [Prompt(f"rag/{i}", LONG_WORKLOAD, rag_prompt(a.long_tokens, offset=i)) for i in range(3)]
         prompts = mixed_prompts(prompts, longs, a.long_share)
     points = sweep(a.url, prompts, a.modes.split(","), [int(c) for c in a.concurrency.split(",")], a.max_tokens,
                    a.out / "perf", {"route": {"confidence_threshold": a.route_threshold}}, a.window,
                    lambda m: print(m, flush=True))
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "load.json").write_text(json.dumps(points, indent=1))
+    (a.out / "load.md").write_text(markdown_table(points))
+    print(markdown_table(points))
     return 0 if all("error" not in pt for pt in points) else 1
 
 
