@@ -177,8 +177,11 @@ class BlockLoop:
 
     # ---- modes ------------------------------------------------------------------------
     async def single_branch_block(self, view: BranchView, source: str, block: int | None = None) -> None:
-        """heavy / light mode: the branch drafts the whole block itself."""
-        k = min(self.block if block is None else block, self.remaining)
+        """heavy / light mode: the branch drafts the whole block itself (a streamed answer's
+        first block is its first token alone: it is sent as soon as the prompt is prefilled)."""
+        if block is None:
+            block = 1 if self.params.stream and not self.generated else self.block
+        k = min(block, self.remaining)
         step = await view.step(self.tokens, draft_len=k, sampling=self.sampling)
         self.commit(step.drafts, source)
 
