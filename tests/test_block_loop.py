@@ -17,7 +17,8 @@ PROMPTS = [tuple(int(x) for x in np.random.default_rng(i).integers(0, VOCAB, siz
 
 def run(prompt, mode, light=None, heavy=None, **given):
     light, heavy = (light, heavy) if light else make_pair()
-    params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": given.pop("max_tokens", 24), **given})
+    defaults = RouterDefaults(heavy_first=given.pop("heavy_first", True))
+    params = defaults.request_params({"router_mode": mode, "max_tokens": given.pop("max_tokens", 24), **given})
     emitted = []
 
     def emit(tokens, stats, finished):
@@ -58,14 +59,14 @@ def test_route_threshold_zero_equals_light():
     # rollback_threshold 0 (the toy pair has no end token)
     for prompt in PROMPTS[:10]:
         ref, _, _, _ = run(prompt, "light")
-        out, stats, _, heavy = run(prompt, "route", confidence_threshold=0.0, rollback_threshold=0.0)
+        out, stats, _, heavy = run(prompt, "route", confidence_threshold=0.0, rollback_threshold=0.0, heavy_first=False)
         assert out == ref and heavy.calls == 1 and stats.light_share == 1.0
 
 
 def test_route_threshold_above_one_equals_verify():
     for prompt in PROMPTS[:10]:
         ref, _, _, _ = run(prompt, "verify")
-        out, stats, _, heavy = run(prompt, "route", confidence_threshold=1.5)
+        out, stats, _, heavy = run(prompt, "route", confidence_threshold=1.5, heavy_first=False)
         assert out == ref
         # nothing was committed unchecked: every block went through the heavy model
         assert stats.verify_blocks == heavy.calls and stats.rollbacks == 0
@@ -183,3 +184,56 @@ def test_stats_timings_add_up():
     _, stats, _, _ = run(PROMPTS[7], "verify")
     assert stats.total_ms >= stats.light_ms + stats.heavy_ms - 1e-6
     assert math.isclose(stats.router_overhead_ms, stats.total_ms - stats.light_ms - stats.heavy_ms, abs_tol=1e-3)
+
+
+# ---- heavy first, chunked prefill ---------------------------------------------------------
+def test_heavy_first_emits_heavy_token_before_the_light_model_runs():
+    for mode in ("verify", "route"):
+        light, heavy = make_pair()
+        seen = []
+
+        def emit(tokens, stats, finished, light=light, heavy=heavy, seen=seen):
+            seen.append((list(tokens), light.calls, heavy.calls))
+
+        params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": 12, "stream": True})
+        asyncio.run(generate(GenerationRequest(PROMPTS[3], params), light, heavy, emit, session_id=3))
+        first_tokens, light_calls, heavy_calls = seen[0]
+        ref, _, _, _ = run(PROMPTS[3], "heavy", max_tokens=1)
+        assert first_tokens == ref and light_calls == 0 and heavy_calls == 1, mode
+
+
+def test_verify_equals_heavy_with_and_without_heavy_first():
+    for prompt in PROMPTS[:8]:
+        ref, _, _, _ = run(prompt, "heavy")
+        for first in (True, False):
+            out, _, _, _ = run(prompt, "verify", heavy_first=first)
+            assert out == ref
+
+
+def test_chunked_prefill_sends_long_prompts_in_calls_of_the_chunk_and_changes_nothing():
+    prompt = tuple(int(x) for x in np.random.default_rng(5).integers(0, VOCAB, size=50))
+    ref, _, _, _ = run(prompt, "verify")
+    light, heavy = make_pair()
+    defaults = RouterDefaults(prefill_chunk_tokens=8)
+    params = defaults.request_params({"router_mode": "verify", "max_tokens": 24})
+    out = []
+    asyncio.run(generate(GenerationRequest(prompt, params), light, heavy, lambda t, s, f: out.extend(t), session_id=4))
+    assert out == ref
+    sizes = [len(op.input_ids) for op in heavy.ops if not op.release]
+    assert sizes[:6] == [8] * 6 and sizes[6] <= 8  # 50 tokens: six chunks of 8, then the rest
+    assert all(op.score_last == 1 and op.draft_len == 0 for op in heavy.ops[:6])
+
+
+def test_a_vanished_session_is_re_prefilled_and_counted():
+    light, heavy = make_pair()
+
+    class Forgetful(type(heavy)):
+        async def step(self, op):
+            if len(self.ops) == 3:
+                self.sessions.clear()  # the branch dropped the session (TTL) between calls
+            return await super().step(op)
+
+    heavy.__class__ = Forgetful
+    ref, _, _, _ = run(PROMPTS[2], "verify")
+    out, stats, _, _ = run(PROMPTS[2], "verify", light=light, heavy=heavy)
+    assert out == ref and stats.reprefills == 1 and stats.reprefill_tokens > 0

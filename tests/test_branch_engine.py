@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from support.fixtures_engine import ToyLM
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, Sampling, SessionMissing
+from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, KVBudgetFull, Sampling, SessionMissing
 from tokenrouter_backend.core.sampling import entropy, softmax
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.kv_store import KVShape, KVStore
@@ -194,7 +194,7 @@ def test_max_batch_splits_forwards():
     assert eng.last_batch_sizes == [3, 1]
 
 
-def test_ttl_lru_and_accounting_through_engine():
+def test_ttl_budget_and_accounting_through_engine():
     clock = [0.0]
     model = ToyLM()
     shape = KVShape.from_info(model.info)
@@ -205,13 +205,16 @@ def test_ttl_lru_and_accounting_through_engine():
         clock[0] += 1
         ok(eng.run([BranchOp(sid, 0, (1, 2))])[0])
     clock[0] += 1
-    ok(eng.run([BranchOp(3, 0, (1, 2))])[0])  # over budget: LRU session 1 goes, 3 stays
-    assert sorted(store._sessions) == [2, 3] and store.bytes_in_use == 2 * per_session
-    res = eng.run([BranchOp(1, 2, (5,))])[0]
-    assert isinstance(res, SessionMissing) and "heavy" in str(res)
+    res = eng.run([BranchOp(3, 0, (1, 2)), BranchOp(1, 2, (5,))])
+    assert isinstance(res[0], KVBudgetFull) and "kv_cache_budget_mb" in str(res[0])  # full: 3 refused
+    ok(res[1])  # the live sessions go on: nothing was evicted for the newcomer
+    assert sorted(store._sessions) == [1, 2] and store.refused == 1
     clock[0] += 31
     eng.run([])  # TTL sweep
     assert store.session_count == 0 and store.bytes_in_use == 0
+    res = eng.run([BranchOp(1, 2, (5,))])[0]
+    assert isinstance(res, SessionMissing) and "heavy" in str(res)
+    ok(eng.run([BranchOp(3, 0, (1, 2))])[0])  # room again
 
 
 def test_release_returns_memory_to_zero():
@@ -264,13 +267,52 @@ def test_onnx_batched_equals_one_at_a_time_and_uncached(onnx_lm):
         np.testing.assert_array_equal(res.tokens, ref[op.keep_len:])
 
 
-def test_sessions_of_the_running_batch_are_never_evicted():
+def test_live_sessions_are_never_evicted_and_growth_is_allowed():
     model = ToyLM()
     shape = KVShape.from_info(model.info)
     store = KVStore(shape, budget_bytes=64 * shape.bytes_per_token())  # room for one session
     eng = BranchEngine(model, store, EngineConfig(max_batch=1))
-    res = eng.run([BranchOp(sid, 0, (1, 2)) for sid in (1, 2, 3)])  # three forwards
-    assert all(ok(r).session_len == 2 for r in res)
-    assert store.session_count == 3  # over budget, but all pinned by this run
-    ok(eng.run([BranchOp(4, 0, (5,))])[0])
-    assert sorted(store._sessions) == [4]
+    ok(eng.run([BranchOp(1, 0, (1, 2))])[0])
+    res = eng.run([BranchOp(sid, 0, (1, 2)) for sid in (2, 3)])
+    assert all(isinstance(r, KVBudgetFull) for r in res)
+    grown = ok(eng.run([BranchOp(1, 2, tuple(range(3, 40)), draft_len=2)])[0])  # an admitted session grows
+    assert grown.session_len == 40 and store.session_count == 1
+
+
+# ---- logits only where asked, per-forward token budget ---------------------------------
+LONG = {1: tuple(range(1, 40)), 2: (7, 8), 3: tuple(range(10, 27)), 4: (5,)}
+
+
+def test_score_last_returns_only_the_trailing_positions():
+    full = prefill(engine(), LONG)
+    ops = [BranchOp(sid, 0, ids, score_last=min(3, len(ids)), draft_len=2) for sid, ids in LONG.items()]
+    for op, ref, res in zip(ops, full, engine().run(ops)):
+        res = ok(res)
+        s = op.score_last
+        np.testing.assert_array_equal(res.tokens[:s], ref.tokens[-s:])
+        np.testing.assert_allclose(res.token_probs[:s], ref.token_probs[-s:], atol=1e-5)
+        np.testing.assert_allclose(res.input_probs, ref.input_probs[len(ref.input_probs) - (s - 1):], atol=1e-5)
+        assert len(res.tokens) == s + 1  # + the one further draft
+
+
+def test_chunked_forwards_match_one_forward_and_respect_the_budget():
+    one, chunked = engine(), engine(max_forward_tokens=8)
+    ops = [BranchOp(sid, 0, ids, score_last=s, draft_len=3)
+           for (sid, ids), s in zip(LONG.items(), (0, 1, 5, 0))]
+    for ref, res in zip(one.run(ops), chunked.run(ops)):
+        np.testing.assert_array_equal(ok(res).tokens, ok(ref).tokens)
+        np.testing.assert_allclose(res.token_probs, ref.token_probs, atol=1e-5)
+        np.testing.assert_allclose(res.input_probs, ref.input_probs, atol=1e-5)
+        assert res.session_len == ref.session_len
+    assert max(chunked.last_forward_tokens) <= 8 < max(one.last_forward_tokens)
+    assert chunked.largest_forward_tokens <= 8
+    # the long prompt was fed alone in chunks; the short ones shared forwards
+    assert len(chunked.last_forward_tokens) > len(one.last_forward_tokens)
+    res = ok(chunked.run([BranchOp(1, 39, (1, 2, 3))])[0])
+    assert res.forwards == 1 and res.forward_tokens == 3
+
+
+def test_score_last_out_of_range_fails_alone():
+    res = engine().run([BranchOp(1, 0, (1, 2), score_last=3), BranchOp(2, 0, (1, 2), score_last=2)])
+    assert isinstance(res[0], BranchError) and "score_last 3 outside 0..2" in str(res[0])
+    ok(res[1])

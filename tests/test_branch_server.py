@@ -29,7 +29,7 @@ def make_repository(root: Path, onnx_dir: Path) -> Path:
         shutil.copytree(TEMPLATE / name, dst, ignore=shutil.ignore_patterns("__pycache__"))
         cfg = (dst / "config.pbtxt").read_text()
         cfg = cfg.replace(f"${{{name}_device}}", "cpu").replace(f"${{{name}_threads}}", "1")
-        cfg = cfg.replace(f"${{{name}_runtime}}", "onnx")
+        cfg = cfg.replace(f"${{{name}_runtime}}", "onnx").replace(f"${{{name}_kv_budget_mb}}", "256")
         assert "${" not in cfg
         (dst / "config.pbtxt").write_text(cfg)
         for f in ("model.onnx", "model.json"):

@@ -7,7 +7,7 @@ import time
 
 from support.fakes import make_pair
 from support.ops_helpers import PROMPTS, Recorder, run_one
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY
+from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_HEAVY, ACTION_VERIFY
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 
 
@@ -31,7 +31,9 @@ def test_route_records_have_fallback_verdicts():
     rec = Recorder()
     out, stats = run_one(PROMPTS[1], *make_pair(noise=1.2), hooks=rec, router_mode="route",
                          confidence_threshold=0.6, max_tokens=40)
-    actions = {r.action for r in rec.records}
+    first, *rest = rec.records
+    assert first.action == ACTION_HEAVY and first.committed == 1  # heavy_first: the prompt's first token
+    actions = {r.action for r in rest}
     assert ACTION_FALLBACK in actions
     assert actions <= {ACTION_ACCEPT, ACTION_FALLBACK}
     fallbacks = [r for r in rec.records if r.action == ACTION_FALLBACK]

@@ -11,7 +11,7 @@ import pytest
 
 from tokenrouter_backend.export import pipeline, quantize
 from tokenrouter_backend.export.pipeline import ExportOptions, TokenizerMismatch, export_pair
-from tokenrouter_backend.export.repository import TemplateError, fill_repository, fill_text
+from tokenrouter_backend.export.repository import REQUIRED_PLACEHOLDERS, TemplateError, fill_repository, fill_text
 from tokenrouter_backend.export.validate import (
     FP32_REL_TOL,
     INT8_MIN_AGREEMENT,
@@ -27,7 +27,7 @@ def test_fp32_parity(tiny_export):
     _, report = tiny_export
     val = report["heavy"]["validation"]
     print("heavy fp32 validation:", json.dumps(val))
-    assert val["passed"] and set(val["per_check"]) == {"prefill", "decode", "batch"}
+    assert val["passed"] and set(val["per_check"]) == {"prefill", "decode", "batch", "scored"}
     assert val["max_abs_diff"] <= FP32_REL_TOL * max(val["logit_scale"], 1.0)
     assert val["per_check"]["batch"]["top1_agreement"] == 1.0
 
@@ -189,8 +189,7 @@ def test_unknown_placeholder_is_an_error(tmp_path):
     template = tmp_path / "tmpl"
     (template / "router" / "1").mkdir(parents=True)
     (template / "router" / "config.pbtxt").write_text('name: "router"\nparameters { value: "${block_size}" }\n')
-    values = {k: 1 for k in ("heavy_device", "light_device", "heavy_threads", "light_threads", "max_context",
-                             "end_id", "stop_token_ids", "vocab_size", "heavy_precision", "light_precision")}
+    values = {k: 1 for k in REQUIRED_PLACEHOLDERS}
     tok = tmp_path / "tok"
     tok.mkdir()
     with pytest.raises(TemplateError, match=r"router/config.pbtxt.*\$\{block_size\}"):

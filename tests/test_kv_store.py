@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.branch_protocol import BranchError, SessionMissing
+from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
 from tokenrouter_backend.engine.kv_store import MIN_CAPACITY, KVShape, KVStore
 
 SHAPE = KVShape(num_layers=2, num_kv_heads=2, head_dim=4, dtype=np.dtype(np.float32), max_len=1000)
@@ -83,18 +83,26 @@ def test_ttl_expiry_then_missing():
     assert store.session_count == 0 and store.bytes_in_use == 0
 
 
-def test_lru_eviction_spares_pinned_and_recent():
+def test_budget_refuses_new_sessions_never_evicts():
     per_session = MIN_CAPACITY * SHAPE.bytes_per_token()
     clock = Clock()
     store = KVStore(SHAPE, budget_bytes=2 * per_session, clock=clock)
-    for sid in (1, 2, 3):
-        clock.t += 1
+    for sid in (1, 2):
+        store.admit(sid, 1)
         store.append(store.open(sid, 0), kv(1, 1), 0, 1)
-    clock.t += 1
-    store.open(1, 1)  # 1 is now most recently used; 2 is the LRU
-    assert store.evict_to_budget(pinned=[2]) == [3]
-    assert 2 in store and 1 in store and 3 not in store
-    assert store.evicted == 1
+    with pytest.raises(KVBudgetFull, match="kv_cache_budget_mb"):
+        store.admit(3, 1)
+    store.admit(1, 500)  # an existing session is never refused
+    assert 1 in store and 2 in store and store.refused == 1
+    store.release(2)
+    store.admit(3, 1)
+
+
+def test_growth_slack_stays_small_for_long_sessions():
+    store = KVStore(SHAPE)
+    s = store.open(1, 0)
+    store.reserve(s, 3000)
+    assert 3000 <= s.capacity < 3000 * 1.3  # not the next power of two (4096)
 
 
 def test_accounting_back_to_zero():

@@ -32,7 +32,9 @@ OUTPUTS_CONFIG = """\
   {{ name: "session_len" data_type: TYPE_INT32 dims: [ 1 ] }},
   {{ name: "dist" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
   {{ name: "forward_ms" data_type: TYPE_FP32 dims: [ 1 ] }},
-  {{ name: "batch_size" data_type: TYPE_INT32 dims: [ 1 ] }}
+  {{ name: "batch_size" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "forward_tokens" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "forwards" data_type: TYPE_INT32 dims: [ 1 ] }}
 """
 
 SCRIPTED_BRANCH_MODEL = f"""\

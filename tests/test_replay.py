@@ -32,7 +32,8 @@ def real_route(threshold):
     light_tokens = total = 0
     agreements = []
     for prompt in PROMPTS:
-        out, stats = run_one(prompt, *pair(), router_mode="route", confidence_threshold=threshold, max_tokens=48)
+        out, stats = run_one(prompt, *pair(), router_mode="route", confidence_threshold=threshold, max_tokens=48,
+                              heavy_first=False)
         light_tokens += stats.light_tokens
         total += stats.generated_tokens
         agreements.append(heavy_agreement(prompt, out, ToyLM()) * len(out))

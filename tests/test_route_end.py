@@ -46,7 +46,8 @@ class ScriptLM:
 
 def run(light_lm, heavy_lm, mode="route", stop_text=None, **given):
     light, heavy = FakeBranch("light", light_lm), FakeBranch("heavy", heavy_lm)
-    params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": 20, "block_size": 4, **given})
+    defaults = RouterDefaults(heavy_first=given.pop("heavy_first", True))
+    params = defaults.request_params({"router_mode": mode, "max_tokens": 20, "block_size": 4, **given})
     out = []
     extra = {"stop_text": stop_text} if stop_text else {}
     request = GenerationRequest(PROMPT, params, end_id=END, **extra)
@@ -69,7 +70,7 @@ def test_light_going_past_the_heavy_end_ends_there_whatever_the_threshold():
     ref, ref_stats, _ = run(heavy_lm, heavy_lm, mode="heavy")
     assert len(ref) == 6 and ref_stats.finish_reason == "end_id"
     for rollback_threshold in (0.05, 0.0):
-        out, stats, _ = run(ScriptLM(), heavy_lm, rollback_threshold=rollback_threshold)
+        out, stats, _ = run(ScriptLM(), heavy_lm, rollback_threshold=rollback_threshold, heavy_first=False)
         assert out == ref and stats.finish_reason == "end_id", rollback_threshold
         assert stats.light_tokens == 6 and stats.heavy_tokens == 0
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -57,8 +58,12 @@ def test_serves_a_python_model_and_stops_clean(add_one_repo, start_triton):
 
     pids = server.group_pids()
     assert len(pids) >= 2, f"expected server + Python stub, got {pids}"
+    shm = Path("/dev/shm")
+    assert list(shm.glob(server.shm_prefix + "*")), "the Python backend's shared memory has this server's prefix"
+    os.kill(next(p for p in pids if p != server.pid), signal.SIGKILL)  # a stub killed hard never unlinks its region
     server.stop()
     assert not [pid for pid in pids if _alive(pid)], "processes survived stop()"
+    assert not list(shm.glob(server.shm_prefix + "*")), "shared-memory regions leaked"
     assert not server.is_running()
     server.stop()  # idempotent
 

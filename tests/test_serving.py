@@ -74,17 +74,21 @@ def test_verify_equals_heavy_token_for_token(server, tokenizer):
 def test_route_limits_equal_light_and_verify(server, tokenizer):
     for prompt in PROMPTS[:6]:
         p = ids(tokenizer, prompt)
-        light, _ = router_tokens(server.grpc_url, p, router_mode="light", max_tokens=20)
-        # every light token stands unchecked; one heavy forward vouches for the answer before it
-        # ends: at rollback_threshold 0 it can only end it early, where heavy's choice is to end
+        heavy, _ = router_tokens(server.grpc_url, p, router_mode="heavy", max_tokens=1)
+        # heavy_first: the heavy model's first token, then every light token stands unchecked;
+        # one heavy forward vouches for the answer before it ends: at rollback_threshold 0 it
+        # can only end it early, where heavy's choice is to end
+        # block_schedule fixed: the cost model keeps the request's blocks (it would plan heavy steps)
         route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
-                                       confidence_threshold=0.0, rollback_threshold=0.0)
-        assert stats0["heavy_calls"] == 1 and route0 == light[: len(route0)]
-        assert route0 == light or stats0["finish_reason"] == "end_id"
+                                       confidence_threshold=0.0, rollback_threshold=0.0, block_schedule="fixed")
+        assert route0[:1] == heavy
+        light, _ = router_tokens(server.grpc_url, p + heavy, router_mode="light", max_tokens=19)
+        assert stats0["heavy_calls"] == 2 and route0[1:] == light[: len(route0) - 1]
+        assert route0[1:] == light or stats0["finish_reason"] == "end_id"
         verify, _ = router_tokens(server.grpc_url, p, router_mode="verify", max_tokens=20)
         route_hi, stats_hi = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
-                                           confidence_threshold=1.5)
-        assert route_hi == verify and stats_hi["verify_blocks"] == stats_hi["heavy_calls"]
+                                           confidence_threshold=1.5, block_schedule="fixed")
+        assert route_hi == verify and stats_hi["verify_blocks"] == stats_hi["heavy_calls"] - 1
 
 
 def test_concurrent_requests_batch_and_match_sequential(server, tokenizer):

@@ -74,6 +74,9 @@ class FakeBranch(Branch):
         dists = [probs[i] for i in range(len(rows))]
         p_list = [float(probs[i, tokens[i]]) for i in range(len(rows))]
         h_list = list(entropy(probs))
+        cut = len(rows) - op.scored  # only the last score_last positions are returned
+        tokens, p_list, h_list, dists = tokens[cut:], p_list[cut:], h_list[cut:], dists[cut:]
+        input_probs = input_probs[cut:]
         drafted = 1
         while op.draft_len and drafted < op.draft_len:
             if p_list[-1] < op.min_confidence or h_list[-1] > op.max_entropy:

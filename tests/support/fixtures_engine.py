@@ -41,7 +41,7 @@ class ToyLM:
         b, s, _ = x.shape
         return x.reshape(b, s, self.info.num_kv_heads, self.info.head_dim).transpose(0, 2, 1, 3)
 
-    def forward(self, input_ids, attention_mask, position_ids, past):
+    def forward(self, input_ids, attention_mask, position_ids, past, logits_positions=None):
         batch, new = input_ids.shape
         past_len = past[0][0].shape[2]
         assert attention_mask.shape == (batch, past_len + new)
@@ -65,6 +65,8 @@ class ToyLM:
             x = x + h.transpose(0, 2, 1, 3).reshape(batch, new, -1)
             new_kv.append((k.astype(np.float32), v.astype(np.float32)))
         logits = (x @ self.out).astype(np.float32)
+        if logits_positions is not None:
+            logits = np.take_along_axis(logits, np.asarray(logits_positions)[:, :, None], axis=1)
         return logits, new_kv
 
 

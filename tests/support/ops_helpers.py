@@ -27,7 +27,8 @@ class Recorder:
 
 
 def run_one(prompt, light, heavy, hooks=None, request_id="r", **given):
-    params = RouterDefaults().request_params({"max_tokens": 32, **given})
+    defaults = RouterDefaults(heavy_first=given.pop("heavy_first", True))
+    params = defaults.request_params({"max_tokens": 32, **given})
     out = []
     stats = asyncio.run(generate(GenerationRequest(tuple(prompt), params), light, heavy,
                                  lambda t, s, f: out.extend(t), hooks=hooks, request_id=request_id))

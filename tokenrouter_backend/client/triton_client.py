@@ -18,7 +18,7 @@ KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id")
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile")
 KNOBS_STR = ("router_mode", "block_schedule")
-KNOBS_BOOL = ("decision_log",)
+KNOBS_BOOL = ("decision_log", "allow_degradation")
 
 
 @dataclass
@@ -28,6 +28,12 @@ class GenerationResult:
     ttft_s: float
     latency_s: float
     chunks: list[str] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)  # seconds from the request to each chunk
+
+    @property
+    def inter_token_gaps(self) -> list[float]:
+        """Seconds between consecutive streamed chunks (inter-token latency when streaming)."""
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
 
     @property
     def tokens(self) -> int:
@@ -63,20 +69,20 @@ def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float 
         latency = time.perf_counter() - start
         return GenerationResult(data["text_output"], json.loads(data["routing_stats"]), latency, latency,
                                 [data["text_output"]])
-    chunks, stats, ttft = [], {}, 0.0
+    chunks, stats, times = [], {}, []
     for line in resp.iter_lines():
         if not line or not line.startswith(b"data:"):
             continue
         data = json.loads(line[5:])
         if "error" in data:
             raise GenerationError(data["error"])
-        if not chunks:
-            ttft = time.perf_counter() - start
+        times.append(time.perf_counter() - start)
         chunks.append(data["text_output"])
         stats = json.loads(data["routing_stats"])
     if resp.status_code != 200:
         raise GenerationError(resp.text)
-    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks)
+    ttft = times[0] if times else 0.0
+    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks, times)
 
 
 def grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
@@ -120,7 +126,7 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     start = time.perf_counter()
-    chunks, stats, ttft = [], {}, 0.0
+    chunks, stats, times = [], {}, []
     try:
         client.async_stream_infer(MODEL, grpc_inputs(grpcclient, prompt, stream, knobs),
                                   enable_empty_final_response=True)
@@ -131,8 +137,7 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
             response = result.get_response()
             out = result.as_numpy("text_output")
             if out is not None:
-                if not chunks:
-                    ttft = time.perf_counter() - start
+                times.append(time.perf_counter() - start)
                 chunks.append(out.reshape(-1)[0].decode("utf-8"))
                 stats = json.loads(result.as_numpy("routing_stats").reshape(-1)[0])
             final = response.parameters.get("triton_final_response")
@@ -142,4 +147,5 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
         client.stop_stream()
         if own:
             client.close()
-    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks)
+    ttft = times[0] if times else 0.0
+    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks, times)

@@ -12,10 +12,11 @@
 Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
 the decoded text (``stop_text.py``).
 
-KV bookkeeping is explicit: a ``BranchView`` records exactly which tokens its branch session
-holds, so each call sends only what the branch has not seen and truncates (``keep_len``)
-whatever is not a prefix of the committed text any more (rejected drafts, rollbacks).
-Framework-free: branches are ``Branch`` objects, output goes through an ``emit`` callback.
+In verify and route the heavy model prefills first and its first token is emitted at once
+(``heavy_first``), so the first token comes no later than heavy-only's; the light model
+prefills after it. KV bookkeeping (what each session holds, chunked prefill, re-prefill)
+is ``branch_view.BranchView``. Framework-free: branches are ``Branch`` objects, output goes
+through an ``emit`` callback.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ import numpy as np
 from tokenrouter_backend.core import policy
 from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
 from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, Sampling, SessionMissing
+from tokenrouter_backend.core.branch_protocol import BranchResult, Sampling
+from tokenrouter_backend.core.branch_view import BranchView
 from tokenrouter_backend.core.hooks import (
     ACTION_ACCEPT,
     ACTION_FALLBACK,
@@ -107,59 +109,6 @@ class BlockStart:
                    s.rolled_back_tokens, time.perf_counter(), loop.block)
 
 
-class BranchView:
-    """One branch as one request sees it: the tokens its KV session holds, its timings."""
-
-    def __init__(self, branch: Branch, session_id: int, stats: RequestStats):
-        self.branch = branch
-        self.session_id = session_id
-        self.stats = stats
-        self.cache: list[int] = []  # exactly the tokens in the branch's session
-        self.opened = False
-
-    def synced_len(self, tokens: list[int]) -> int:
-        """Cached tokens still valid: common prefix with ``tokens``, leaving >= 1 to send."""
-        n = min(len(self.cache), len(tokens) - 1)
-        i = 0
-        while i < n and self.cache[i] == tokens[i]:
-            i += 1
-        return i
-
-    async def step(self, tokens: list[int], extra=(), **op_fields) -> tuple[BranchResult, int]:
-        """Send tokens[keep:] + extra; returns the result and how many tokens were sent."""
-        keep = self.synced_len(tokens)
-        inputs = list(tokens[keep:]) + [int(t) for t in extra]
-        try:
-            result = await self._timed(BranchOp(self.session_id, keep, tuple(inputs), **op_fields))
-        except SessionMissing:
-            # expired (TTL/LRU) under us: re-prefill from scratch once
-            keep, inputs = 0, list(tokens) + [int(t) for t in extra]
-            result = await self._timed(BranchOp(self.session_id, 0, tuple(inputs), **op_fields))
-        drafted = [int(t) for t in result.tokens[len(inputs) - 1 :]]
-        self.cache = self.cache[:keep] + inputs + drafted[:-1]
-        return result, len(inputs)
-
-    async def _timed(self, op: BranchOp) -> BranchResult:
-        self.opened = True
-        t0 = time.perf_counter()
-        try:
-            return await self.branch.step(op)
-        finally:
-            ms = (time.perf_counter() - t0) * 1e3
-            if self.branch.name == HEAVY:
-                self.stats.heavy_calls += 1
-                self.stats.heavy_ms += ms
-            else:
-                self.stats.light_calls += 1
-                self.stats.light_ms += ms
-
-    def record_forward(self, result: BranchResult) -> None:
-        if self.branch.name == HEAVY:
-            self.stats.heavy_forward_ms += result.forward_ms
-        else:
-            self.stats.light_forward_ms += result.forward_ms
-
-
 class BlockLoop:
     """Request-scoped state and the per-mode block functions."""
 
@@ -173,8 +122,9 @@ class BlockLoop:
         self._note = BlockNote()  # facts about the current block, for the BlockRecord
         self.stats = RequestStats(mode=str(self.params.mode), prompt_tokens=len(request.prompt))
         sid = session_id if session_id is not None else random.getrandbits(63)
-        self.light = BranchView(light, sid, self.stats)
-        self.heavy = BranchView(heavy, sid, self.stats)
+        chunk = self.params.prefill_chunk_tokens
+        self.light = BranchView(light, sid, self.stats, chunk)
+        self.heavy = BranchView(heavy, sid, self.stats, chunk)
         self.tokens: list[int] = list(request.prompt)
         self.sources: list[str] = []  # branch of each generated token
         self.prompt_len = len(request.prompt)
@@ -226,12 +176,21 @@ class BlockLoop:
         del self.sources[length - self.prompt_len :]
 
     # ---- modes ------------------------------------------------------------------------
-    async def single_branch_block(self, view: BranchView, source: str) -> None:
-        """heavy / light mode: the branch drafts the whole block itself."""
-        k = min(self.block, self.remaining)
-        result, n = await view.step(self.tokens, draft_len=k, sampling=self.sampling)
-        view.record_forward(result)
-        self.commit(result.tokens[n - 1 :], source)
+    async def single_branch_block(self, view: BranchView, source: str, block: int | None = None) -> None:
+        """heavy / light mode: the branch drafts the whole block itself (a streamed answer's
+        first block is its first token alone: it is sent as soon as the prompt is prefilled)."""
+        if block is None:
+            block = 1 if self.params.stream and not self.generated else self.block
+        k = min(block, self.remaining)
+        step = await view.step(self.tokens, draft_len=k, sampling=self.sampling)
+        self.commit(step.drafts, source)
+
+    async def heavy_first_token(self) -> None:
+        """verify / route, before the light model is involved: heavy prefills the prompt and
+        its first token is committed (and emitted) at once."""
+        self._note = BlockNote(ACTION_HEAVY)
+        await self.single_branch_block(self.heavy, HEAVY, block=1)
+        self.verified_len = len(self.tokens)  # nothing unchecked precedes it
 
     async def verify_block(self) -> None:
         """Light drafts, heavy checks all drafts in one forward (lossless)."""
@@ -239,15 +198,15 @@ class BlockLoop:
         if k < 1:
             return await self.single_branch_block(self.heavy, HEAVY)
         want_dist = not self.sampling.greedy
-        lres, ln = await self.light.step(
+        lstep = await self.light.step(
             self.tokens, draft_len=k, min_confidence=self.params.draft_confidence_threshold,
             sampling=self.sampling, return_dist=want_dist,
         )
-        self.light.record_forward(lres)
-        drafts = lres.tokens[ln - 1 :]
+        lres, drafts = lstep.result, lstep.drafts
         d = len(drafts)
-        hres, _ = await self.heavy.step(self.tokens, extra=drafts, sampling=self.sampling, return_dist=want_dist)
-        self.heavy.record_forward(hres)
+        # heavy scores the last committed token (its verdict on draft 0) and every draft
+        hres = (await self.heavy.step(self.tokens, extra=drafts, score_from=len(self.tokens) - 1,
+                                      sampling=self.sampling, return_dist=want_dist)).result
         # heavy's choice before each draft and after the last one: the last d + 1 positions
         if want_dist:
             verdict = accept_speculative(
@@ -260,8 +219,8 @@ class BlockLoop:
         self.stats.drafts_accepted += verdict.accepted
         if self.hooks is not None:
             known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
-            self._note = BlockNote(ACTION_VERIFY, drafted=drafts, confidence=lres.token_probs[ln - 1 :],
-                                   entropy=lres.entropy[ln - 1 :], committed_light=verdict.accepted,
+            self._note = BlockNote(ACTION_VERIFY, drafted=drafts, confidence=lstep.draft_probs,
+                                   entropy=lstep.draft_entropy, committed_light=verdict.accepted,
                                    heavy_agree=[i < verdict.accepted for i in range(known)],
                                    heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
         self.commit(drafts[: verdict.accepted], LIGHT)
@@ -279,19 +238,18 @@ class BlockLoop:
         p = self.params
         k = min(self.block, self.remaining)
         want_dist = not self.sampling.greedy
-        lres, ln = await self.light.step(
+        lstep = await self.light.step(
             self.tokens, draft_len=k, min_confidence=p.draft_confidence_threshold,
             sampling=self.sampling, return_dist=want_dist,
         )
-        self.light.record_forward(lres)
-        drafts = lres.tokens[ln - 1 :]
-        confident = policy.confident_prefix(lres.token_probs[ln - 1 :], lres.entropy[ln - 1 :], p)
+        lres, drafts = lstep.result, lstep.drafts
+        confident = policy.confident_prefix(lstep.draft_probs, lstep.draft_entropy, p)
         self.stats.drafts_proposed += len(drafts)
         kept = self.commit(drafts[:confident], LIGHT)
         unsure = drafts[confident:] if not self.done else drafts[:0]
         if self.hooks is not None:
             self._note = BlockNote(ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
-                                   confidence=lres.token_probs[ln - 1 :], entropy=lres.entropy[ln - 1 :],
+                                   confidence=lstep.draft_probs, entropy=lstep.draft_entropy,
                                    committed_light=kept)
         accepted = confident
         if len(unsure):
@@ -302,10 +260,10 @@ class BlockLoop:
     async def heavy_check(self, unsure, q) -> int:
         """One heavy forward over unchecked tokens + unsure drafts; returns drafts accepted."""
         want_dist = q is not None
-        hres, n = await self.heavy.step(self.tokens, extra=unsure, sampling=self.sampling, return_dist=want_dist)
-        self.heavy.record_forward(hres)
+        step = await self.heavy.step(self.tokens, extra=unsure, score_from=self._unvouched_from(),
+                                     sampling=self.sampling, return_dist=want_dist)
+        hres, first_input = step.result, step.first_scored
         m = len(unsure)
-        first_input = len(self.tokens) - (n - m)
         if self.hooks is not None:
             self._note_route_verdicts(hres, first_input)
         accepted = 0
@@ -344,6 +302,11 @@ class BlockLoop:
         self.commit([hres.tokens[lo + reject]], HEAVY)
         return True
 
+    def _unvouched_from(self) -> int:
+        """Sequence index from which a heavy check must score: the position choosing the
+        first token the heavy model has not vouched for."""
+        return max(self.verified_len, self.final_len) - 1
+
     def needs_vouching(self) -> bool:
         """Route: the answer ended on tokens the heavy model has not checked."""
         return self.done and (len(self.tokens) > max(self.verified_len, self.final_len) or bool(self.unvouched_tail))
@@ -352,10 +315,9 @@ class BlockLoop:
         """Route, ending (end_id, stop string, max_tokens): one heavy forward checks every
         unchecked token and the ending tokens; a rejection rolls back and the answer goes on."""
         tail = list(self.unvouched_tail)
-        hres, n = await self.heavy.step(self.tokens, extra=tail, sampling=self.sampling)
-        self.heavy.record_forward(hres)
+        step = await self.heavy.step(self.tokens, extra=tail, score_from=self._unvouched_from(), sampling=self.sampling)
         seq = self.tokens + tail
-        self._rollback(seq, hres, len(seq) - n)
+        self._rollback(seq, step.result, step.first_scored)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()
 
@@ -380,6 +342,11 @@ class BlockLoop:
             return await self._run_block(self.params.mode)
         plan = self.hooks.plan(self.base_params, self.block)
         self.params, self.block = plan.params, plan.block
+        if plan.degraded:
+            s = self.stats
+            s.degraded_blocks += 1
+            t = plan.params.confidence_threshold
+            s.degraded_threshold = min(s.degraded_threshold, t) if s.degraded_threshold else t
         before = BlockStart.of(self)
         self._note = BlockNote()
         await self._run_block(plan.mode)
@@ -403,7 +370,13 @@ class BlockLoop:
         )
 
     async def _run_block(self, mode: Mode) -> None:
-        if mode == Mode.HEAVY:
+        if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:
+            await self.heavy_first_token()
+        elif mode == Mode.HEAVY and self.params.mode == Mode.ROUTE:
+            self.stats.heavy_only_blocks += 1
+            await self.heavy_check([], None)  # vouches for unchecked light tokens on the way
+        elif mode == Mode.HEAVY:
+            self.stats.heavy_only_blocks += self.params.mode == Mode.VERIFY
             await self.single_branch_block(self.heavy, HEAVY)
         elif mode == Mode.LIGHT:
             await self.single_branch_block(self.light, LIGHT)
@@ -412,7 +385,7 @@ class BlockLoop:
         else:
             await self.route_block()
         self._check_length()
-        while mode == Mode.ROUTE and self.needs_vouching():
+        while self.params.mode == Mode.ROUTE and self.needs_vouching():
             await self.vouch_end()
             self._check_length()
 
@@ -444,6 +417,7 @@ class BlockLoop:
         s.heavy_tokens = self.sources.count(HEAVY)
         if self.params.mode == Mode.ROUTE:
             s.drafts_accepted = s.light_tokens
+        s.light_skipped = self.params.mode in (Mode.VERIFY, Mode.ROUTE) and not self.light.opened
         s.total_ms = (time.perf_counter() - started) * 1e3
         s.router_overhead_ms = max(0.0, s.total_ms - s.light_ms - s.heavy_ms)
         return s

@@ -4,18 +4,22 @@ One branch call ("step") on one KV session does, in order:
   1. release (if asked): drop the session and return; nothing else happens.
   2. truncate the session's KV cache to ``keep_len`` tokens (roll back rejected tokens);
      a new session starts at length 0, so its first call has keep_len == 0.
-  3. extend: append ``input_ids`` (n >= 1 tokens) in one forward pass. For every new
-     position i the model's next-token choice ``tokens[i]`` is returned with its
-     probability and the entropy of the distribution; ``input_probs[i]`` is the
-     probability the model gave to the *actual* next input token ``input_ids[i+1]``.
-  4. draft: if ``draft_len`` = d > 0, ``tokens[n-1]`` is the first drafted token; it is
+  3. extend: append ``input_ids`` (n >= 1 tokens; the engine may feed a long input in
+     several forwards). The last s = ``score_last`` positions are scored (0 = all n): for
+     each scored position i the model's next-token choice is returned with its
+     probability and the entropy of the distribution, and for each but the last the
+     probability the model gave to the *actual* next input token ``input_ids[i+1]``
+     (``input_probs``, s - 1 values). A prefill asks for s = 1, a verify for its drafts + 1:
+     only those positions pay for the vocabulary-sized LM head.
+  4. draft: if ``draft_len`` = d > 0, ``tokens[s-1]`` is the first drafted token; it is
      fed back and the model drafts on, one forward per token, until d tokens are drafted
      or a drafted token has probability < ``min_confidence`` or entropy > ``max_entropy``
      (that token is still returned; the caller decides what to do with it).
 
-So the result holds T = n + max(d_done - 1, 0) positions; ``tokens[n-1:]`` are the drafted
+So the result holds T = s + max(d_done - 1, 0) positions; ``tokens[s-1:]`` are the drafted
 tokens. The cache afterwards holds keep_len + n + max(d_done - 1, 0) tokens (the last
-drafted token is not fed yet) and ``session_len`` reports it.
+drafted token is not fed yet) and ``session_len`` reports it. A new session (keep_len 0)
+is refused with ``KVBudgetFull`` when the branch's KV budget cannot hold it.
 
 Choices are greedy (argmax) when ``temperature`` == 0, else sampled from the processed
 distribution (temperature, top_k, top_p) with a generator seeded by (seed, position), so a
@@ -64,6 +68,12 @@ class BranchOp:
     sampling: Sampling = GREEDY
     return_dist: bool = False
     release: bool = False
+    score_last: int = 0  # trailing input positions to score; 0 = all
+
+    @property
+    def scored(self) -> int:
+        """How many input positions the result covers (``score_last``, 0 meaning all)."""
+        return self.score_last or len(self.input_ids)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,8 @@ class BranchResult:
     dist: np.ndarray | None = None  # float32 [T, V] when return_dist
     forward_ms: float = 0.0  # time spent in model forwards for this step
     batch_size: int = 1  # sessions in the first batched forward this op was part of
+    forward_tokens: int = 0  # padded tokens of all forwards this op took part in (cost model)
+    forwards: int = 0  # how many forwards that was
 
 
 class BranchError(RuntimeError):
@@ -85,17 +97,26 @@ class BranchError(RuntimeError):
 
 
 class SessionMissing(BranchError):
-    """The session was released or expired (TTL/LRU); the caller may re-prefill."""
+    """The session was released or expired (TTL); the caller may re-prefill."""
 
 
-# A branch error crosses Triton as a message only; a missing session is told apart by
-# this tag, which the branch model appends (``encode_error``) and callers look for.
+class KVBudgetFull(BranchError):
+    """A new session does not fit the branch's KV budget now; the caller may retry later."""
+
+
+# A branch error crosses Triton as a message only; the kinds a caller acts on are told
+# apart by a tag the branch model appends (``encode_error``) and callers look for.
 SESSION_MISSING_TAG = "SessionMissing"
+KV_BUDGET_FULL_TAG = "KVBudgetFull"
+_TAGGED = ((SessionMissing, SESSION_MISSING_TAG), (KVBudgetFull, KV_BUDGET_FULL_TAG))
 
 
 def encode_error(exc: Exception) -> str:
     """The error message a branch model answers with ("... [SessionMissing]" for one)."""
-    return f"{exc} [{SESSION_MISSING_TAG}]" if isinstance(exc, SessionMissing) else str(exc)
+    for kind, tag in _TAGGED:
+        if isinstance(exc, kind):
+            return f"{exc} [{tag}]"
+    return str(exc)
 
 
 def is_session_missing(message: str) -> bool:
@@ -105,7 +126,10 @@ def is_session_missing(message: str) -> bool:
 
 def decode_error(message: str) -> BranchError:
     """The exception a caller raises for a branch error message."""
-    return SessionMissing(message) if is_session_missing(message) else BranchError(message)
+    for kind, tag in _TAGGED:
+        if f"[{tag}]" in message:
+            return kind(message)
+    return BranchError(message)
 
 
 # Triton tensor names of the branch models (config.pbtxt of heavy and light).
@@ -123,6 +147,7 @@ TENSOR_INPUTS = {
     "seed": ("random_seed", "TYPE_UINT64"),
     "return_dist": ("return_dist", "TYPE_BOOL"),
     "release": ("release", "TYPE_BOOL"),
+    "score_last": ("score_last", "TYPE_INT32"),
 }
 TENSOR_OUTPUTS = {
     "tokens": "tokens",  # INT32 [-1]
@@ -133,6 +158,8 @@ TENSOR_OUTPUTS = {
     "dist": "dist",  # FP32 [-1, -1]; shape [0, 0] unless return_dist
     "forward_ms": "forward_ms",  # FP32 [1]
     "batch_size": "batch_size",  # INT32 [1]
+    "forward_tokens": "forward_tokens",  # INT32 [1]
+    "forwards": "forwards",  # INT32 [1]
 }
 
 
@@ -152,6 +179,7 @@ def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
         "seed": np.array([[s.seed]], dtype=np.uint64),
         "return_dist": np.array([[op.return_dist]], dtype=bool),
         "release": np.array([[op.release]], dtype=bool),
+        "score_last": np.array([[op.score_last]], dtype=np.int32),
     }
     return {TENSOR_INPUTS[k][0]: v for k, v in values.items()}
 
@@ -190,6 +218,7 @@ def op_from_arrays(get) -> BranchOp:
         ),
         return_dist=bool(scalar("return_dist", False)),
         release=release,
+        score_last=int(scalar("score_last", 0)),
     )
 
 
@@ -205,6 +234,8 @@ def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:
         "dist": dist.astype(np.float32)[None, ...],
         "forward_ms": np.array([[res.forward_ms]], dtype=np.float32),
         "batch_size": np.array([[res.batch_size]], dtype=np.int32),
+        "forward_tokens": np.array([[res.forward_tokens]], dtype=np.int32),
+        "forwards": np.array([[res.forwards]], dtype=np.int32),
     }
     return {TENSOR_OUTPUTS[k]: v for k, v in values.items()}
 
@@ -213,6 +244,11 @@ def result_from_arrays(get) -> BranchResult:
     """Build a BranchResult from ``get(name) -> np.ndarray`` (a Triton/BLS response)."""
     dist = get(TENSOR_OUTPUTS["dist"])
     dist = dist[0] if dist is not None and dist.size else None
+
+    def optional_int(key: str) -> int:  # outputs a branch of an older repository lacks
+        value = get(TENSOR_OUTPUTS[key])
+        return 0 if value is None else int(value.reshape(-1)[0])
+
     return BranchResult(
         tokens=get(TENSOR_OUTPUTS["tokens"]).reshape(-1),
         token_probs=get(TENSOR_OUTPUTS["token_probs"]).reshape(-1),
@@ -222,4 +258,6 @@ def result_from_arrays(get) -> BranchResult:
         dist=dist,
         forward_ms=float(get(TENSOR_OUTPUTS["forward_ms"]).reshape(-1)[0]),
         batch_size=int(get(TENSOR_OUTPUTS["batch_size"]).reshape(-1)[0]),
+        forward_tokens=optional_int("forward_tokens"),
+        forwards=optional_int("forwards"),
     )

@@ -69,6 +69,7 @@ class BlockPlan:
     params: RouterParams
     block: int  # block size k for this block
     mode: Mode  # usually params.mode; Mode.HEAVY when drafting is suspended (verify)
+    degraded: bool = False  # route: the threshold was lowered for overload (allow_degradation)
 
 
 class BlockHooks(Protocol):

@@ -47,6 +47,10 @@ class RouterDefaults:
     heavy_model: str = HEAVY  # Triton model names of the branches
     light_model: str = LIGHT
     heavy_url: str = ""  # gRPC host:port of a separate heavy server; "" = same server (BLS)
+    max_input_tokens: int = 16384  # longest prompt (tokens) a request may send
+    prefill_chunk_tokens: int = 256  # a longer branch input is sent in calls of this many tokens
+    heavy_first: bool = True  # verify/route: heavy prefills first, its first token is emitted at once
+    branch_timeout_s: float = 300.0  # deadline of one branch call (BLS or remote)
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":
@@ -79,6 +83,9 @@ class RouterParams:
     top_p: float = 1.0
     random_seed: int = 0
     stream: bool = False
+    prefill_chunk_tokens: int = 256
+    heavy_first: bool = True
+    allow_degradation: bool = False  # route: this request accepts a lower threshold under overload
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
@@ -110,6 +117,9 @@ class RouterParams:
             top_p=_float_in("top_p", pick("top_p", 1.0), 1e-6, 1.0),
             random_seed=_int_in("random_seed", pick("random_seed", 0), 0, (1 << 64) - 1),
             stream=_bool("stream", pick("stream", False)),
+            prefill_chunk_tokens=_int_in("prefill_chunk_tokens", d.prefill_chunk_tokens, 1, 1 << 20),
+            heavy_first=d.heavy_first,
+            allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
         )
 
 

@@ -31,6 +31,12 @@ class RequestStats:
     total_ms: float = 0.0
     finish_reason: str = ""
     stop_trim_chars: int = 0  # characters of the last kept tokens' text a stop string began in
+    reprefills: int = 0  # branch sessions that vanished mid-request (TTL) and were rebuilt
+    reprefill_tokens: int = 0  # cached tokens those rebuilds had to send again
+    heavy_only_blocks: int = 0  # verify/route blocks the cost model ran on the heavy model alone
+    light_skipped: bool = False  # the cost model kept the light model out of this request
+    degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)
+    degraded_threshold: float = 0.0  # the lowest such threshold (0 = never degraded)
 
     @property
     def light_share(self) -> float:

@@ -1,9 +1,13 @@
 """Executes ``BranchOp`` steps (see ``branch_protocol``) with batched forwards over KV sessions.
 
 ``BranchEngine.run(ops)`` serves every op Triton handed one ``execute()``: releases, then
-truncation, then ONE batched forward over all ops' new tokens (past left-padded, new tokens
-right-padded, per-row position ids), then batched one-token forwards for the ops still
-drafting. One op's failure (bad keep_len, missing session, too long) fails only that op.
+truncation, then batched forwards over the ops' new tokens (past left-padded, new tokens
+right-padded, per-row position ids) of at most ``max_forward_tokens`` padded tokens each —
+short ops share a forward, a long prompt is fed alone in chunks, so one forward's
+activations stay bounded — then batched one-token forwards for the ops still drafting.
+The LM head runs only on the positions an op asks for (``score_last``: a prefill needs its
+last position, a verify its drafts). One op's failure (bad keep_len, missing session, too
+long, KV budget full) fails only that op.
 Framework-free: the model is anything with ``info`` (``ModelInfo``) and ``forward`` like
 ``OnnxCausalLM`` (or ``torch_lm.TorchCausalLM``); a model with ``kv_arrays`` keeps the
 store's KV buffers in that array kind (torch tensors on its device), else numpy.
@@ -26,11 +30,13 @@ class EngineConfig:
 
     max_draft_len: int = 16  # longest draft one step may ask for (bounds a call's latency)
     session_ttl_s: float = 600.0  # an idle session is dropped after this (vanished clients)
-    kv_cache_budget_mb: float = 2048.0  # LRU-evict idle sessions above this much KV memory
+    kv_cache_budget_mb: float = 2048.0  # new sessions are refused above this much KV memory
     max_batch: int = 32  # ops per batched forward; more are run in further forwards
+    max_forward_tokens: int = 512  # padded tokens (rows x longest) one forward may carry
 
     def __post_init__(self):
-        if self.max_draft_len < 0 or self.max_batch < 1 or self.session_ttl_s <= 0 or self.kv_cache_budget_mb <= 0:
+        if (self.max_draft_len < 0 or self.max_batch < 1 or self.session_ttl_s <= 0 or self.kv_cache_budget_mb <= 0
+                or self.max_forward_tokens < 1):
             raise ValueError(f"invalid EngineConfig {self}")
 
     @property
@@ -45,14 +51,22 @@ class _Work:
     index: int
     op: BranchOp
     session: Session
-    tokens: list = field(default_factory=list)  # per forward: int32 [rows]
+    first_scored: int = 0  # input index of the first position that gets logits
+    fed: int = 0  # input tokens already fed
+    tokens: list = field(default_factory=list)  # per scored chunk / draft step: int32 [rows]
     probs: list = field(default_factory=list)
     entropy: list = field(default_factory=list)
     dists: list = field(default_factory=list)
-    input_probs: np.ndarray | None = None
+    input_probs: list = field(default_factory=list)  # per scored chunk: float32 [rows]
     drafted: int = 0
     forward_ms: float = 0.0
+    forward_tokens: int = 0  # padded tokens of the forwards this op took part in
+    forwards: int = 0
     batch_size: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.op.input_ids) - self.fed
 
     def last(self, arrays: list) -> float:
         return float(arrays[-1][-1])
@@ -80,15 +94,15 @@ class BranchEngine:
                                       arrays=getattr(model, "kv_arrays", None))
         self.last_batch_sizes: list[int] = []  # batch size of each forward of the last run()
         self.last_forward_ms: list[float] = []  # and its duration
-        self._pinned: set[int] = set()
+        self.last_forward_tokens: list[int] = []  # and its padded token count
+        self.largest_forward_tokens = 0  # most padded tokens any forward carried (observability)
 
     # ---- public ------------------------------------------------------------------
     def run(self, ops: list[BranchOp]) -> list[BranchResult | Exception]:
         """Serve ops; result i is the BranchResult or the exception of ops[i]."""
-        self.last_batch_sizes, self.last_forward_ms = [], []
+        self.last_batch_sizes, self.last_forward_ms, self.last_forward_tokens = [], [], []
         self.store.expire()
         results: list = [None] * len(ops)
-        self._pinned = {op.session_id for op in ops}  # never LRU-evicted during this run
         for wave in _waves(ops):
             releases = [i for i in wave if ops[i].release]
             for i in releases:
@@ -113,15 +127,15 @@ class BranchEngine:
             self._extend(works)
             drafting = [w for w in works if w.wants_more(self.max_len)]
             while drafting:
-                self._draft_step(drafting)
+                rows = self.config.max_forward_tokens
+                for start in range(0, len(drafting), rows):
+                    self._draft_step(drafting[start:start + rows])
                 drafting = [w for w in drafting if w.wants_more(self.max_len)]
         except Exception as exc:  # noqa: BLE001 - a model failure fails this group only
             err = BranchError(f"{self.name}: forward failed: {type(exc).__name__}: {exc}")
             for w in works:
                 results[w.index] = err
             return
-        finally:
-            self.store.evict_to_budget(self._pinned)
         for w in works:
             results[w.index] = self._result(w)
 
@@ -136,44 +150,89 @@ class BranchEngine:
             raise BranchError(f"{self.name}: input_ids holds token {bad}, outside the vocabulary 0..{vocab - 1}")
         if not 0 <= op.draft_len <= self.config.max_draft_len:
             raise BranchError(f"{self.name}: draft_len {op.draft_len} outside 0..{self.config.max_draft_len}")
+        if not 0 <= op.score_last <= n:
+            raise BranchError(f"{self.name}: score_last {op.score_last} outside 0..{n} (0 = every input position)")
         if op.keep_len + n > self.max_len:
             raise BranchError(
                 f"{self.name}: session {op.session_id} would hold keep_len {op.keep_len} + {n} new "
                 f"tokens = {op.keep_len + n}, more than the model's {self.max_len} positions")
-        session = self.store.open(op.session_id, op.keep_len)
         need = min(op.keep_len + n + max(op.draft_len - 1, 0), self.max_len)
+        if op.keep_len == 0:
+            self.store.admit(op.session_id, need)
+        session = self.store.open(op.session_id, op.keep_len)
         self.store.reserve(session, need)
-        return _Work(index, op, session)
+        return _Work(index, op, session, first_scored=n - (op.score_last or n))
 
     # ---- forwards ----------------------------------------------------------------
     def _extend(self, works: list[_Work]) -> None:
-        """The one batched forward over all new tokens; scores every new position.
+        """Feed every op its new tokens in forwards of at most ``max_forward_tokens`` padded
+        tokens (a long prompt alone, in chunks; short ops together); score the asked positions.
 
         Input token j sits at sequence index length + j; its logits choose the token at
         index length + j + 1, which is the position its draw is keyed by.
         """
-        positions = [w.session.length for w in works]
-        ids = [np.asarray(w.op.input_ids, dtype=np.int64) for w in works]
-        logits = self._forward(works, ids)
-        for row, w in enumerate(works):
-            n = len(ids[row])
-            weights, scale = self._score(w, logits[row, :n], positions[row] + 1 + np.arange(n))
-            w.input_probs = (weights[np.arange(n - 1), ids[row][1:]] * scale[:-1]).astype(np.float32)
-            w.batch_size = len(works)
+        pending = list(works)
+        while pending:
+            group = self._next_forward(pending)
+            self._feed(group)
+            pending = [w for w in pending if w.remaining]
+        for w in works:
+            w.batch_size = w.batch_size or len(works)
             w.drafted = 1 if w.op.draft_len > 0 else 0
+
+    def _next_forward(self, pending: list[_Work]) -> list[tuple[_Work, int]]:
+        """The ops (and chunk lengths) of the next forward: shortest remaining first, as many
+        as fit the token budget with rows padded to the longest chunk."""
+        budget = self.config.max_forward_tokens
+        group: list[tuple[_Work, int]] = []
+        width = 0
+        for w in sorted(pending, key=lambda x: x.remaining):
+            chunk = min(w.remaining, budget)
+            if group and (len(group) + 1) * max(width, chunk) > budget:
+                break
+            group.append((w, chunk))
+            width = max(width, chunk)
+        return group
+
+    def _feed(self, group: list[tuple[_Work, int]]) -> None:
+        """One forward over a chunk of each op's input; score the asked positions in it."""
+        works = [w for w, _ in group]
+        chunks, scored = [], []
+        for w, size in group:
+            start = w.fed
+            chunks.append(np.asarray(w.op.input_ids[start:start + size], dtype=np.int64))
+            first = max(w.first_scored, start)
+            scored.append(np.arange(first - start, size))  # may be empty: nothing asked in this chunk
+        starts = [w.session.length for w in works]
+        logits = self._forward(works, chunks, scored)
+        for row, (w, size) in enumerate(group):
+            rel = scored[row]
+            if len(rel):
+                ids = np.asarray(w.op.input_ids, dtype=np.int64)
+                where = w.fed + rel  # input indices scored here
+                weights, scale = self._score(w, logits[row, : len(rel)], starts[row] + rel + 1)
+                inner = where < len(ids) - 1  # the last input has no next input to score
+                w.input_probs.append((weights[np.nonzero(inner)[0], ids[where[inner] + 1]]
+                                      * scale[inner]).astype(np.float32))
+            w.fed += size
+            w.batch_size = w.batch_size or len(group)
 
     def _draft_step(self, works: list[_Work]) -> None:
         """Feed each drafting op its last drafted token; score the next one."""
         ids = [np.array([w.tokens[-1][-1]], dtype=np.int64) for w in works]
         # the fed token sits at index session.length; the one scored next at length + 1
         positions = [w.session.length + 1 for w in works]
-        logits = self._forward(works, ids)  # advances every session's length by one
+        logits = self._forward(works, ids, [np.zeros(1, dtype=np.int64)] * len(works))
         for row, w in enumerate(works):
             self._score(w, logits[row, :1], np.array([positions[row]]))
             w.drafted += 1
 
-    def _forward(self, works: list[_Work], ids: list[np.ndarray]) -> np.ndarray:
-        """One model forward over the works' sessions (appends their new KV); logits [B, S, V]."""
+    def _forward(self, works: list[_Work], ids: list[np.ndarray], scored: list[np.ndarray]) -> np.ndarray:
+        """One model forward over the works' sessions (appends their new KV).
+
+        ``scored[b]``: indices into row b's new tokens that need logits (may be empty).
+        Returns logits [B, K, V]: row b's first len(scored[b]) entries are those positions.
+        """
         sessions = [w.session for w in works]
         batch = len(sessions)
         lens = np.array([s.length for s in sessions])
@@ -181,20 +240,29 @@ class BranchEngine:
         past_len, new_len = int(lens.max()), int(news.max())
         input_ids = np.zeros((batch, new_len), dtype=np.int64)  # right-padded
         mask = np.zeros((batch, past_len + new_len), dtype=np.int64)
+        keep = max(1, max(len(x) for x in scored))
+        logits_positions = np.zeros((batch, keep), dtype=np.int64)
         for b in range(batch):
             input_ids[b, : news[b]] = ids[b]
             mask[b, past_len - lens[b]: past_len + news[b]] = 1  # left-padded past, then new
+            rows = scored[b] if len(scored[b]) else np.array([news[b] - 1])
+            logits_positions[b] = np.concatenate([rows, np.full(keep - len(rows), rows[-1])])
         # padded new positions continue the row's count, clipped to the model's range
         position_ids = np.minimum(lens[:, None] + np.arange(new_len)[None, :], self.max_len - 1)
         past = self.store.gather(sessions) if past_len else self.model.empty_past(batch)
         t0 = time.perf_counter()
-        logits, new_kv = self.model.forward(input_ids, mask, position_ids, past)
+        logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions)
         ms = (time.perf_counter() - t0) * 1e3
+        tokens = batch * new_len
         self.last_batch_sizes.append(batch)
         self.last_forward_ms.append(ms)
+        self.last_forward_tokens.append(tokens)
+        self.largest_forward_tokens = max(self.largest_forward_tokens, tokens)
         for b, w in enumerate(works):
             self.store.append(w.session, new_kv, b, int(news[b]))
             w.forward_ms += ms
+            w.forward_tokens += tokens
+            w.forwards += 1
         return logits
 
     # ---- scoring -----------------------------------------------------------------
@@ -226,11 +294,13 @@ class BranchEngine:
             tokens=np.concatenate(w.tokens).astype(np.int32),
             token_probs=np.concatenate(w.probs),
             entropy=np.concatenate(w.entropy),
-            input_probs=w.input_probs,
+            input_probs=np.concatenate(w.input_probs) if w.input_probs else np.zeros(0, np.float32),
             session_len=w.session.length,
             dist=np.concatenate(w.dists).astype(np.float32, copy=False) if w.op.return_dist else None,
             forward_ms=w.forward_ms,
             batch_size=w.batch_size,
+            forward_tokens=w.forward_tokens,
+            forwards=w.forwards,
         )
 
 

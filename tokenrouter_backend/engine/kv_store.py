@@ -1,7 +1,10 @@
-"""Per-session KV caches of one branch model: truncate/append, TTL expiry, LRU under a byte budget.
+"""Per-session KV caches of one branch model: truncate/append, TTL expiry, a byte budget.
 
 A session keeps ONE buffer ``[layers, 2 (key, value), kv_heads, capacity, head_dim]``. Capacity
-grows by doubling (amortized O(1) append); truncation only sets the length (rollback is free).
+grows geometrically (doubling while small, by a quarter once large: amortized O(1) append
+with little slack); truncation only sets the length (rollback is free). The budget admits
+new sessions only while the bytes in use are below it (``admit``): sessions of live requests
+are never evicted to make room — an idle session goes only when its TTL runs out.
 ``gather`` builds a left-padded batch ``[layers, 2, B, kv_heads, P, head_dim]`` with one
 strided copy per session, whose per-layer slices are the contiguous ``[B, kv_heads, P,
 head_dim]`` past tensors the ONNX model takes. Framework-free (no Triton import).
@@ -16,13 +19,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
-from tokenrouter_backend.core.branch_protocol import BranchError, SessionMissing
+from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
 
-MIN_CAPACITY = 64  # tokens allocated for a new session; doubled as it grows
+MIN_CAPACITY = 64  # tokens allocated for a new session
+DOUBLING_LIMIT = 1024  # capacity doubles up to this many tokens, then grows by a quarter
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,9 @@ class KVStore:
         self.clock = clock
         self._sessions: OrderedDict[int, Session] = OrderedDict()  # least recently used first
         self._bytes = 0
-        self.evicted = 0  # sessions dropped by LRU (observability)
-        self.expired = 0  # sessions dropped by TTL
+        self.expired = 0  # sessions dropped by TTL (observability)
+        self.refused = 0  # new sessions refused because the budget was full
+        self.peak_bytes = 0  # most KV bytes held at once
 
     # ---- bookkeeping -------------------------------------------------------------
     @property
@@ -134,18 +139,22 @@ class KVStore:
         self.expired += len(gone)
         return gone
 
-    def evict_to_budget(self, pinned: Iterable[int] = ()) -> list[int]:
-        """Drop least recently used sessions not in ``pinned`` until within the budget."""
-        pinned = set(pinned)
-        gone = []
-        for sid in list(self._sessions):
-            if self._bytes <= self.budget_bytes:
-                break
-            if sid not in pinned:
-                self._drop(sid)
-                gone.append(sid)
-        self.evicted += len(gone)
-        return gone
+    def admit(self, session_id: int, tokens: int) -> None:
+        """Refuse (``KVBudgetFull``) a NEW session needing ``tokens`` when it does not fit the budget.
+
+        Existing sessions always go on (their request was admitted); the router bounds how
+        many tokens live requests may reach, so they stay within the budget together.
+        """
+        if session_id in self._sessions:
+            return
+        need = max(tokens, min(MIN_CAPACITY, self.shape.max_len)) * self.shape.bytes_per_token()
+        if self._bytes + need > self.budget_bytes and self._sessions:
+            self.refused += 1
+            mib = 1 << 20
+            raise KVBudgetFull(
+                f"{self.name}: KV cache full: {self._bytes / mib:.2f} MiB held by {len(self._sessions)} sessions; "
+                f"a new session of {tokens} tokens needs {need / mib:.2f} MiB more than kv_cache_budget_mb="
+                f"{self.budget_bytes / mib:g} allows; retry when requests finish")
 
     def _drop(self, session_id: int) -> bool:
         s = self._sessions.pop(session_id, None)
@@ -180,6 +189,7 @@ class KVStore:
         s = Session(session_id, buf, self.clock())
         self._sessions[session_id] = s
         self._bytes += s.nbytes
+        self.peak_bytes = max(self.peak_bytes, self._bytes)
         return s
 
     def reserve(self, s: Session, tokens: int) -> None:
@@ -188,11 +198,12 @@ class KVStore:
             return
         cap = s.capacity
         while cap < tokens:
-            cap *= 2
+            cap = cap * 2 if cap < DOUBLING_LIMIT else cap + cap // 4
         cap = max(min(cap, self.shape.max_len), tokens)
         new = self.arrays.empty(tuple(s.buf.shape[:3]) + (cap,) + tuple(s.buf.shape[4:]))
         new[:, :, :, : s.length] = s.buf[:, :, :, : s.length]
         self._bytes += new.nbytes - s.nbytes
+        self.peak_bytes = max(self.peak_bytes, self._bytes)
         s.buf = new
 
     def append(self, s: Session, new_kv: list[tuple[np.ndarray, np.ndarray]], row: int, count: int) -> None:

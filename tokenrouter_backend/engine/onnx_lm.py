@@ -1,7 +1,10 @@
 """One exported causal LM run by ONNX Runtime: model.onnx + model.json (see docs/architecture.md).
 
 ``OnnxCausalLM.forward`` is a single forward pass over a padded batch; it knows nothing of
-sessions (``kv_store``) or batching policy (``branch_engine``).
+sessions (``kv_store``) or batching policy (``branch_engine``). Graphs exported since
+exporter version 4 take ``logits_positions`` and compute the LM head only there; an older
+graph computes every position and the requested rows are picked afterwards (same result,
+unbounded memory: re-export it).
 """
 from __future__ import annotations
 
@@ -14,6 +17,19 @@ import numpy as np
 
 MODEL_FILE = "model.onnx"
 INFO_FILE = "model.json"
+LOGITS_POSITIONS = "logits_positions"  # graph input: which new positions get logits [B, K]
+
+
+def all_positions(batch: int, new: int) -> np.ndarray:
+    """logits_positions asking for every new position: [B, S]."""
+    return np.broadcast_to(np.arange(new, dtype=np.int64), (batch, new))
+
+
+def pick_positions(logits: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
+    """Rows ``positions`` [B, K] of full logits [B, S, V] (a model without the graph input)."""
+    if positions is None:
+        return logits
+    return np.take_along_axis(logits, np.asarray(positions)[:, :, None], axis=1)
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,7 @@ class OnnxCausalLM:
         self._output_names = ["logits"] + [
             name for i in range(self.info.num_layers) for name in (f"new_key_{i}", f"new_value_{i}")
         ]
+        self.scores_in_graph = any(i.name == LOGITS_POSITIONS for i in self.session.get_inputs())
 
     def empty_past(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Past of length 0 for a batch (first call of new sessions)."""
@@ -95,21 +112,27 @@ class OnnxCausalLM:
         attention_mask: np.ndarray,
         position_ids: np.ndarray,
         past: list[tuple[np.ndarray, np.ndarray]],
+        logits_positions: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """One forward pass.
 
         input_ids, position_ids: [B, S]; attention_mask: [B, P + S]; past: per layer
-        (key, value) [B, kv_heads, P, head_dim]. Returns logits [B, S, V] float32 and per
-        layer the new tokens' (key, value) [B, kv_heads, S, head_dim].
+        (key, value) [B, kv_heads, P, head_dim]; logits_positions: [B, K] indices into the
+        S new positions (None = all). Returns logits [B, K, V] float32 and per layer the
+        new tokens' (key, value) [B, kv_heads, S, head_dim].
         """
         feeds = {
             "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),
             "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
         }
+        if self.scores_in_graph:
+            wanted = all_positions(*input_ids.shape) if logits_positions is None else logits_positions
+            feeds[LOGITS_POSITIONS] = np.ascontiguousarray(wanted, dtype=np.int64)
         for (kname, vname), (k, v) in zip(self._past_names, past):
             feeds[kname] = k
             feeds[vname] = v
         outs = self.session.run(self._output_names, feeds)
         new_kv = [(outs[1 + 2 * i], outs[2 + 2 * i]) for i in range(self.info.num_layers)]
-        return outs[0], new_kv
+        logits = outs[0] if self.scores_in_graph else pick_positions(outs[0], logits_positions)
+        return logits, new_kv

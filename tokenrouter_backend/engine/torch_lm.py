@@ -98,12 +98,13 @@ class TorchCausalLM:
         return [(z, z) for _ in range(self.info.num_layers)]
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                past: list) -> tuple[np.ndarray, list]:
+                past: list, logits_positions: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """One forward pass; same shapes and padding rules as ``OnnxCausalLM.forward``.
 
         input_ids, attention_mask, position_ids: host int arrays (small); past: per layer
-        (key, value) device tensors [B, kv_heads, P, head_dim]. Returns logits [B, S, V]
-        float32 numpy and per layer the new tokens' (key, value) as device tensors.
+        (key, value) device tensors [B, kv_heads, P, head_dim]; logits_positions [B, K]
+        (None = all new positions). Returns logits [B, K, V] float32 numpy (the LM head runs
+        on those positions only) and per layer the new tokens' (key, value) as device tensors.
         """
         import torch
         from transformers import DynamicCache
@@ -113,12 +114,18 @@ class TorchCausalLM:
             if past and past[0][0].shape[2]:  # a 0-length past is an empty cache
                 for layer, (k, v) in enumerate(past):
                     cache.update(k, v, layer)
-            out = self.model(input_ids=self._ids(input_ids), attention_mask=self._ids(attention_mask),
-                             position_ids=self._ids(position_ids), past_key_values=cache, use_cache=True)
+            out = self.model.get_decoder()(
+                input_ids=self._ids(input_ids), attention_mask=self._ids(attention_mask),
+                position_ids=self._ids(position_ids), past_key_values=cache, use_cache=True)
             new = input_ids.shape[1]
             new_kv = [(layer.keys[:, :, -new:], layer.values[:, :, -new:])
                       for layer in out.past_key_values.layers]
-            logits = out.logits.float().cpu().numpy()  # the one device->host copy of a step
+            hidden = out.last_hidden_state
+            if logits_positions is not None:
+                index = self._ids(logits_positions).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+                hidden = torch.gather(hidden, 1, index)
+            logits = self.model.get_output_embeddings()(hidden)
+            logits = logits.float().cpu().numpy()  # the one device->host copy of a step
         return logits, new_kv
 
     def _ids(self, array: np.ndarray):

@@ -1,8 +1,11 @@
 """transformers causal LM -> ONNX with flat KV inputs/outputs (docs/architecture.md contract).
 
 The wrapper rebuilds a ``DynamicCache`` from ``past_key_{i}``/``past_value_{i}``, runs the
-model with explicit ``attention_mask`` (past left-padded, new tokens right-padded) and
-``position_ids``, and returns float32 logits plus the KV of the new tokens only. Exported
+model's decoder with explicit ``attention_mask`` (past left-padded, new tokens right-padded)
+and ``position_ids``, and applies the LM head only to the new positions named by
+``logits_positions`` [B, K] (indices into the new tokens): a prefill asks for its last
+position, a verify for its drafts, so no forward holds ``[B, S, vocab]`` logits. It returns
+float32 logits [B, K, V] plus the KV of the new tokens only. Exported
 with the TorchScript exporter (``dynamo=False``); weights over 2 GB go to one external
 data file ``model.onnx.data``.
 """
@@ -40,35 +43,41 @@ def kv_shape_facts(model) -> tuple[int, int, int]:
 
 
 class FlatKVWrapper(torch.nn.Module):
-    """forward(input_ids, attention_mask, position_ids, *flat_past) -> (logits, *flat_new_kv)."""
+    """forward(input_ids, attention_mask, position_ids, logits_positions, *flat_past)
+    -> (logits [B, K, V], *flat_new_kv)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
         self.num_layers = kv_shape_facts(model)[0]
 
-    def forward(self, input_ids, attention_mask, position_ids, *flat_past):
+    def forward(self, input_ids, attention_mask, position_ids, logits_positions, *flat_past):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         for i in range(self.num_layers):
             cache.update(flat_past[2 * i], flat_past[2 * i + 1], i)
-        out = self.model(
+        out = self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
         )
+        hidden = out.last_hidden_state  # [B, S, H]
+        index = logits_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        logits = self.head(torch.gather(hidden, 1, index))  # [B, K, V]: only the positions asked for
         new_len = input_ids.shape[1]
         new_kv = []
         for layer in out.past_key_values.layers:
             new_kv += [layer.keys[:, :, -new_len:, :], layer.values[:, :, -new_len:, :]]
-        return (out.logits.float(), *new_kv)
+        return (logits.float(), *new_kv)
 
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    inputs = ["input_ids", "attention_mask", "position_ids"]
+    inputs = ["input_ids", "attention_mask", "position_ids", "logits_positions"]
     outputs = ["logits"]
     for i in range(num_layers):
         inputs += [f"past_key_{i}", f"past_value_{i}"]
@@ -81,7 +90,8 @@ def dynamic_axes(num_layers: int) -> dict:
         "input_ids": {0: "batch", 1: "new"},
         "attention_mask": {0: "batch", 1: "total"},
         "position_ids": {0: "batch", 1: "new"},
-        "logits": {0: "batch", 1: "new"},
+        "logits_positions": {0: "batch", 1: "scored"},
+        "logits": {0: "batch", 1: "scored"},
     }
     for i in range(num_layers):
         for name in (f"past_key_{i}", f"past_value_{i}"):
@@ -100,11 +110,12 @@ def trace_inputs(model, kv_dtype: torch.dtype) -> tuple:
     mask[1, 0] = 0  # left pad in the past of row 1
     mask[1, -1] = 0  # right pad among the new tokens of row 1
     pos = torch.tensor([[p, p + 1], [p - 1, p]], dtype=torch.long)
+    scored = torch.tensor([[0, 1], [0, 0]], dtype=torch.long)  # row 1: its one real token, twice
     past = []
     gen = torch.Generator().manual_seed(0)
     for _ in range(layers):
         past += [torch.randn(b, kv_heads, p, head_dim, generator=gen).to(kv_dtype) for _ in range(2)]
-    return (ids, mask, pos, *past)
+    return (ids, mask, pos, scored, *past)
 
 
 def _param_bytes(model) -> int:

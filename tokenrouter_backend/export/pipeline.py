@@ -39,7 +39,7 @@ from .sources import (
 )
 from .validate import ValidationError, prompt_ids, reference_logits, validate_onnx
 
-EXPORTER_VERSION = 3  # bump when the ONNX produced for the same inputs changes (3: light default matmulnbits4)
+EXPORTER_VERSION = 4  # bump when the ONNX produced for the same inputs changes (4: logits_positions input)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_repository"
 DEVICES = ("cpu", "cuda")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime branches; torch: HF folders for torch_lm
@@ -321,6 +321,7 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
     l_info = ModelInfo.load(work / "light" / INFO_FILE)
     max_ctx = options.max_context or min(h_info.max_position_embeddings, l_info.max_position_embeddings)
     return {
+        **kv_budget_values(h_info, l_info),
         "heavy_device": options.device, "light_device": options.device,
         "heavy_runtime": options.runtime, "light_runtime": options.runtime,
         "heavy_threads": options.threads, "light_threads": options.threads,
@@ -328,6 +329,18 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
         "stop_token_ids": ",".join(str(i) for i in stop_ids),
         "heavy_precision": heavy.precision, "light_precision": light.precision,
     }
+
+
+KV_BUDGET_MB = {"heavy": 2048, "light": 1024}  # kv_cache_budget_mb written into the branch configs
+KV_GROWTH_SLACK = 1.25  # a session's buffer may be up to this much larger than its tokens (kv_store)
+
+
+def kv_budget_values(h_info: ModelInfo, l_info: ModelInfo) -> dict:
+    """Both branches' KV budgets and the router's max_live_tokens: the live tokens both can hold."""
+    fits = min(KV_BUDGET_MB[role] * (1 << 20) / (info.kv_bytes_per_token() * KV_GROWTH_SLACK)
+               for role, info in (("heavy", h_info), ("light", l_info)))
+    return {"heavy_kv_budget_mb": KV_BUDGET_MB["heavy"], "light_kv_budget_mb": KV_BUDGET_MB["light"],
+            "max_live_tokens": int(fits)}
 
 
 def default_work_dir(out: Path) -> Path:

@@ -28,6 +28,7 @@ EXPORT_REPORT = "export.json"
 REQUIRED_PLACEHOLDERS = (
     "heavy_device", "light_device", "heavy_threads", "light_threads", "max_context",
     "end_id", "stop_token_ids", "vocab_size", "heavy_precision", "light_precision",
+    "heavy_kv_budget_mb", "light_kv_budget_mb", "max_live_tokens",
 )
 
 

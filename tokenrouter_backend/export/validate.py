@@ -1,10 +1,13 @@
 """Built-in export validation: ONNX (run by ``OnnxCausalLM``) vs transformers logits.
 
-Three checks on a fixed code prompt, teacher-forced so every ONNX position has a reference:
+Four checks on a fixed code prompt, teacher-forced so every ONNX position has a reference:
   prefill  one sequence, all prompt tokens in one call
   decode   the same sequence continued by DECODE_STEPS single-token calls feeding KV back
   batch    two prompts of different lengths: a right-padded batched prefill, then one step
            whose past is LEFT-padded and whose new tokens are right-padded (as the engine does)
+  scored   a batched prefill asking logits for some positions only (``logits_positions``:
+           the last 3 of one row, the last one, repeated, of the other), as a verify and a
+           prefill ask for them
 FP32/FP16 must stay within a bound relative to the logit scale; INT8 must keep a top-1
 agreement floor. A failing check raises ``ValidationError`` with the numbers.
 """
@@ -128,7 +131,22 @@ def run_checks(lm, prompts) -> dict[str, list[tuple[np.ndarray, int, int]]]:
     checks["batch"] += [(rows[0][0], 0, 0), (rows[1][0], 1, 0)]
     rows = batch_step(lm, [rows[0][1], rows[1][1]], [a[a1 : a1 + 2], b[b1:]], [a1, b1])
     checks["batch"] += [(rows[0][0], 0, a1), (rows[1][0], 1, b1)]
+    checks["scored"] = scored_check(lm, a, b)
     return checks
+
+
+def scored_check(lm, a, b) -> list[tuple[np.ndarray, int, int]]:
+    """Right-padded prefill of a and b with logits for a's last 3 and b's last position only."""
+    s_max = max(len(a), len(b))
+    ids = np.zeros((2, s_max), dtype=np.int64)
+    mask = np.zeros((2, s_max), dtype=np.int64)
+    for r, row in enumerate((a, b)):
+        ids[r, : len(row)] = row
+        mask[r, : len(row)] = 1
+    pos = np.broadcast_to(np.arange(s_max), (2, s_max))
+    wanted = np.array([[len(a) - 3, len(a) - 2, len(a) - 1], [len(b) - 1] * 3], dtype=np.int64)
+    logits, _ = lm.forward(ids, mask, pos, lm.empty_past(2), wanted)
+    return [(logits[0], 0, len(a) - 3), (logits[1, :1], 1, len(b) - 1)]
 
 
 def compare(checks, refs) -> dict:

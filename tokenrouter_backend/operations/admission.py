@@ -14,8 +14,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig
 from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
-from tokenrouter_backend.core.names import Mode
+from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.ab import (
@@ -52,6 +53,15 @@ class OpsConfig:
 
 
 @dataclass(frozen=True)
+class OverloadConfig:
+    """config.pbtxt ``overload_<field>``: opt-in degradation of route requests under overload."""
+
+    degradation: bool = False  # overload_degradation: server opt-in
+    relief: float = 0.2  # threshold lowered by this while the heavy branch is saturated
+    floor: float = 0.5  # ... never below this
+
+
+@dataclass(frozen=True)
 class RequestInfo:
     """What admission needs from one request (python values, read by the glue)."""
 
@@ -80,6 +90,9 @@ class Operations:
         if not 0.0 <= c.ab_route_percent <= 100.0:
             raise InvalidRequest(f"config parameter ab_route_percent must be in [0, 100]; got {c.ab_route_percent}")
         self.load = LoadController(self.load_config)
+        self.cost_config = dataclass_from_config(CostConfig, parameters, "cost_")
+        self.overload = dataclass_from_config(OverloadConfig, parameters, "overload_")
+        self.costs = BranchCosts(self.cost_config)  # the router's branches feed its curves
         self.conservative = ConservativeStart(dataclass_from_config(ConservativeConfig, parameters, "conservative_"),
                                               defaults.confidence_threshold)
         self.override = OverrideWatcher(c.override_file, c.override_check_ms, warn=warn) if c.override_file else None
@@ -105,8 +118,9 @@ class Operations:
         log = self._wants_log(info.decision_log)
         quantile = self._quantile(info.dynamic_quantile)
         hooks = None
-        if log or quantile > 0 or self.load_config.control or self.conservative.config.start:
-            hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile))
+        if (log or quantile > 0 or self.load_config.control or self.conservative.config.start
+                or self.cost_config.model or self.overload.degradation):
+            hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt))
         return Admission(params, arm, info.request_id, hooks)
 
     def _wants_log(self, asked: bool | None) -> bool:
@@ -123,6 +137,9 @@ class Operations:
     def observe(self, record: BlockRecord) -> None:
         self.load.observe(record)
         self.conservative.observe(record)
+        accepted, rejected = verdict_counts(record)
+        if accepted or rejected:
+            self.costs.observe_verdicts(accepted, rejected)
 
     def finish(self, admission: Admission, stats: RequestStats) -> None:
         if self.metrics is not None:
@@ -148,6 +165,10 @@ class Operations:
                ("tokenrouter_router_metric_updates_dropped_total", {}, 0)]
         out += [("tokenrouter_router_override_active", {"mode": m.value}, float(m == forced))
                 for m in Mode]
+        for branch, curve in ((HEAVY, self.costs.heavy.curve), (LIGHT, self.costs.light.curve)):
+            labels = {"branch": branch}
+            out += [("tokenrouter_router_cost_fixed_ms", labels, -1.0 if curve is None else curve.fixed),
+                    ("tokenrouter_router_cost_per_token_ms", labels, -1.0 if curve is None else curve.per_token)]
         out += self._dropped_increments()
         return out
 
@@ -168,14 +189,25 @@ class Operations:
                 part.close()
 
 
+def verdict_counts(record: BlockRecord) -> tuple[int, int]:
+    """(drafts accepted, 1 if one was rejected) of a block's heavy verdicts."""
+    agree = record.heavy_agree
+    lead = next((i for i, a in enumerate(agree) if not a), len(agree))
+    return lead, int(lead < len(agree))
+
+
 @dataclass
 class RequestHooks:
-    """One request's ``BlockHooks``: thresholds and load plan before, observers after."""
+    """One request's ``BlockHooks``: thresholds, load and cost plan before, observers after."""
 
     ops: Operations
     log: bool
     dynamic: DynamicThreshold
+    prompt_tokens: int = 0
     blocks: int = field(default=0)
+    accepted: int = 0  # this request's draft verdicts (its acceptance estimate)
+    rejected: int = 0
+    light_pays: bool | None = None  # decided once, at the first planned block with known curves
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
@@ -183,9 +215,47 @@ class RequestHooks:
             threshold = self.ops.conservative.floor(self.dynamic.threshold(params.confidence_threshold))
             if threshold != params.confidence_threshold:
                 params = dataclasses.replace(params, confidence_threshold=threshold)
-        return self.ops.load.plan(params, block)
+        plan = self.ops.load.plan(params, block)
+        degraded = self._degrade(plan)  # an opted-in route request drafts on rather than adding heavy steps
+        return degraded if degraded is not plan else self._cost_plan(plan)
+
+    def _degrade(self, plan: BlockPlan) -> BlockPlan:
+        """route, heavy saturated, server and request opted in: a lower threshold, down to the floor."""
+        o, p = self.ops.overload, plan.params
+        if not (o.degradation and p.allow_degradation and plan.mode == Mode.ROUTE and self.ops.load.saturated):
+            return plan
+        lowered = max(o.floor, p.confidence_threshold - o.relief)
+        if lowered >= p.confidence_threshold:
+            return plan
+        return BlockPlan(dataclasses.replace(p, confidence_threshold=lowered), plan.block, plan.mode, degraded=True)
+
+    def acceptance(self) -> float:
+        """This request's per-token acceptance, the server-wide estimate as its prior."""
+        weight = self.ops.cost_config.prior_weight
+        return (self.accepted + self.ops.costs.acceptance * weight) / (self.accepted + self.rejected + weight)
+
+    def _cost_plan(self, plan: BlockPlan) -> BlockPlan:
+        """verify / route with the adaptive schedule: the draft length with the most tokens per
+        unit of cost (0 = heavy-only steps). ``block_schedule: fixed`` keeps the request's block."""
+        if (not self.ops.cost_config.model or plan.mode not in (Mode.VERIFY, Mode.ROUTE)
+                or plan.params.block_schedule == Schedule.FIXED):
+            return plan
+        planner = self.ops.costs.planner()
+        if planner is None:
+            return plan  # curves not known yet: the block schedule decides
+        p, a = plan.params, self.acceptance()
+        if self.light_pays is None:
+            self.light_pays = planner.light_pays(self.prompt_tokens, p.max_tokens, a, p.max_block_size,
+                                                 p.prefill_chunk_tokens)
+        k = planner.best_block(a, p.max_block_size) if self.light_pays else 0
+        if k == 0:  # heavy-only: one token per call when streaming, so none waits for a block
+            return BlockPlan(p, 1 if p.stream else p.block_size, Mode.HEAVY)
+        return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode)
 
     def after_block(self, record: BlockRecord) -> None:
+        accepted, rejected = verdict_counts(record)
+        self.accepted += accepted
+        self.rejected += rejected
         self.dynamic.observe(record)
         self.ops.observe(record)
         if self.log and self.ops.log is not None:

@@ -91,6 +91,7 @@ class TritonServer:
         self._proc: subprocess.Popen | None = None
         self._log_offset = 0
         self._lock = threading.Lock()
+        self.shm_prefix: str | None = None  # the Python backend's shared-memory names (set by command())
 
     # ---- endpoints
     @property
@@ -118,6 +119,7 @@ class TritonServer:
     def command(self, backend_dir: Path, install: TritonInstall) -> list[str]:
         """The tritonserver command line."""
         shm_prefix = f"tokenrouter_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self.shm_prefix = shm_prefix
         cmd = [
             str(install.binary),
             f"--model-repository={self.repository}",
@@ -189,7 +191,8 @@ class TritonServer:
             time.sleep(POLL_INTERVAL_S)
 
     def stop(self) -> int | None:
-        """SIGTERM, wait, then SIGKILL the whole process group. Returns the exit code."""
+        """SIGTERM, wait, then SIGKILL the whole process group; remove the Python backend's
+        shared-memory regions it left (a killed stub never unlinks them). Returns the exit code."""
         with self._lock:
             proc = self._proc
             if proc is None:
@@ -204,6 +207,7 @@ class TritonServer:
             _kill_group(pgid)
             code = proc.wait()
             _wait_group_gone(pgid, STOP_EXTRA_GRACE_S)
+            remove_shm_regions(self.shm_prefix)
             return code
 
     def __enter__(self) -> "TritonServer":
@@ -325,3 +329,20 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> None:
     while process_group_pids(pgid) and time.monotonic() < deadline:
         _kill_group(pgid)
         time.sleep(POLL_INTERVAL_S)
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shm_regions(prefix: str | None) -> int:
+    """Unlink the shared-memory files of one stopped server (names start with its unique prefix)."""
+    if not prefix or not SHM_DIR.is_dir():
+        return 0
+    removed = 0
+    for path in SHM_DIR.glob(prefix + "*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed

@@ -45,7 +45,7 @@ class BranchParams:
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
     known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
-             "kv_cache_budget_mb", "max_batch", "runtime", "hf_dir", "dtype"}
+             "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype"}
     for key, value in raw.items():
         if key not in known:
             raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
@@ -79,6 +79,7 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         session_ttl_s=num("session_ttl_s", float, d.session_ttl_s, 1e-3),
         kv_cache_budget_mb=num("kv_cache_budget_mb", float, d.kv_cache_budget_mb, 1e-3),
         max_batch=num("max_batch", int, d.max_batch, 1),
+        max_forward_tokens=num("max_forward_tokens", int, d.max_forward_tokens, 1),
     )
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
                         intra_op_threads=num("intra_op_threads", int, 0, 0), runtime=runtime,
@@ -118,10 +119,15 @@ class BranchMetrics:
                                 gauge).Metric(labels)
         self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's KV-cache sessions",
                                 gauge).Metric(labels)
+        self.kv_peak = _family("tokenrouter_kv_peak_bytes", "Most bytes a branch model's KV cache held at once",
+                               gauge).Metric(labels)
+        self.forward_tokens_max = _family("tokenrouter_branch_forward_tokens_max",
+                                          "Most padded tokens one forward of a branch model carried",
+                                          gauge).Metric(labels)
         dropped = _family("tokenrouter_kv_dropped_sessions_total",
-                          "Sessions dropped without release (ttl or lru)", counter)
-        self.dropped = {r: dropped.Metric({**labels, "reason": r}) for r in ("ttl", "lru")}
-        self._seen = {"ttl": 0, "lru": 0}
+                          "Sessions dropped without release (ttl) or refused at creation (budget)", counter)
+        self.dropped = {r: dropped.Metric({**labels, "reason": r}) for r in ("ttl", "budget")}
+        self._seen = {"ttl": 0, "budget": 0}
         self.batch = _histogram("tokenrouter_branch_batch_size", "Sessions per batched forward",
                                 BATCH_BUCKETS, labels)
         self.forward_ms = _histogram("tokenrouter_branch_forward_ms", "Milliseconds per model forward",
@@ -131,7 +137,9 @@ class BranchMetrics:
         store = engine.store
         self.sessions.set(store.session_count)
         self.kv_bytes.set(store.bytes_in_use)
-        for reason, total in (("ttl", store.expired), ("lru", store.evicted)):
+        self.kv_peak.set(store.peak_bytes)
+        self.forward_tokens_max.set(engine.largest_forward_tokens)
+        for reason, total in (("ttl", store.expired), ("budget", store.refused)):
             if total > self._seen[reason]:
                 self.dropped[reason].increment(total - self._seen[reason])
                 self._seen[reason] = total

@@ -30,6 +30,7 @@ OPTIONAL_INPUTS = {
     "rollback_threshold": "rollback_threshold",
     "rollback_window": "rollback_window",
     "draft_confidence_threshold": "draft_confidence_threshold",
+    "allow_degradation": "allow_degradation",
 }
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"
@@ -50,6 +51,9 @@ def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: Mo
     prompt = input_array(pb_utils, request, PROMPT_INPUT)
     if prompt is None or prompt.size == 0:
         raise InvalidRequest("text_input must not be empty")
+    if prompt.size > defaults.max_input_tokens:
+        raise InvalidRequest(f"text_input is {prompt.size} tokens; max_input_tokens allows at most "
+                             f"{defaults.max_input_tokens}")
     prompt_ids = tuple(int(t) for t in prompt.reshape(-1))
     if len(prompt_ids) + params.max_tokens > defaults.max_context:
         raise InvalidRequest(

@@ -20,11 +20,13 @@ from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.block_loop import RequestCancelled, generate
 from tokenrouter_backend.core.branch_protocol import BranchError
+from tokenrouter_backend.core.cost_model import MeteredBranch
 from tokenrouter_backend.core.detokenize import Detokenizer, stream_window
 from tokenrouter_backend.core.names import HEAVY, LIGHT
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, dataclass_from_config
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.admission import Operations
+from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.serving.request import parse_request
 from tokenrouter_backend.serving.request_info import request_info
 from tokenrouter_backend.serving.tensors import config_parameters, error_response
@@ -71,19 +73,22 @@ class RouterModel:
         self.defaults = RouterDefaults.from_config(config_parameters(args))
         self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
         self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
-        self.light = BlsBranch(LIGHT, self.defaults.light_model, pb_utils)
-        self.heavy = self._heavy_branch()
+        self.gate = AdmissionGate(dataclass_from_config(GateConfig, config_parameters(args)))
+        timeout_ms = int(self.defaults.branch_timeout_s * 1000)
+        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms),
+                                   self.ops.costs.light)
+        self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
         self.inflight: set[asyncio.Task] = set()
 
-    def _heavy_branch(self):
+    def _heavy_branch(self, timeout_ms: int):
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
         url = resolve_heavy_url(self.defaults.heavy_url)
         if not url:
-            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb)
+            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms)
         self.logger.log_info(f"router: heavy branch is remote at {url}")
-        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model)
+        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s)
 
     async def execute(self, requests) -> None:
         loop = asyncio.get_running_loop()
@@ -97,11 +102,15 @@ class RouterModel:
         pb = self.pb
         sender = request.get_response_sender()
         mode, arm, reason = self.defaults.mode, "", "error"  # labels if it fails before admission
+        held = 0  # KV tokens this request holds in the admission gate
         try:
             gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
             admission = self.ops.admit(request_info(pb, request), gen_request.params)
             mode, arm = admission.params.mode, admission.arm
             gen_request = dataclasses.replace(gen_request, params=admission.params)
+            tokens = len(gen_request.prompt) + gen_request.params.max_tokens
+            await self.gate.enter(tokens)
+            held = tokens
             writer = ResponseWriter(pb, sender, gen_request.params.stream)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
                                    hooks=admission.hooks, request_id=admission.request_id)
@@ -109,6 +118,9 @@ class RouterModel:
             return
         except InvalidRequest as exc:
             reason = "invalid"
+            self._fail(sender, str(exc))
+        except ServerBusy as exc:
+            reason = "busy"
             self._fail(sender, str(exc))
         except RequestCancelled as exc:
             reason = "cancelled"
@@ -119,6 +131,9 @@ class RouterModel:
         except Exception as exc:  # noqa: BLE001 - one request fails, the server keeps serving
             self.logger.log_error("router: internal error\n" + traceback.format_exc())
             self._fail(sender, f"router internal error: {type(exc).__name__}: {exc}")
+        finally:
+            if held:
+                self.gate.leave(held)
         self.ops.fail(mode, arm or "none", reason)
 
     def _fail(self, sender, message: str, cancelled: bool = False) -> None:

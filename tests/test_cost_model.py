@@ -1,0 +1,169 @@
+"""Cost-model speculation: fitted curves and the draft length they choose."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from support.fakes import FakeBranch, ToyLM
+from tokenrouter_backend.core.branch_protocol import BranchOp
+from tokenrouter_backend.core.cost_model import (
+    BranchCosts,
+    CostConfig,
+    CostCurve,
+    Curve,
+    MeteredBranch,
+    Planner,
+    expected_tokens,
+)
+
+GPU_LIKE = Planner(heavy=Curve(fixed=25.0, per_token=0.01), light=Curve(fixed=4.0, per_token=0.005),
+                   heavy_batch=16, light_batch=16)  # memory-bound: 16 x 6 tokens cost what 16 do
+CPU_LIKE = Planner(heavy=Curve(fixed=2.0, per_token=40.0), light=Curve(fixed=1.0, per_token=12.0),
+                   heavy_batch=8, light_batch=8)  # compute-bound: every scored token costs
+
+
+def test_flat_gpu_curve_keeps_long_blocks_at_batch_16():
+    alone = Planner(GPU_LIKE.heavy, GPU_LIKE.light, heavy_batch=1, light_batch=1)
+    for a in (0.85, 0.95):
+        assert GPU_LIKE.best_block(a, 16) >= alone.best_block(a, 16) - 1  # load barely shortens them
+    assert GPU_LIKE.best_block(0.85, 16) >= 4
+    assert GPU_LIKE.best_block(0.95, 16) >= 8
+
+
+def test_linear_cpu_curve_drives_k_to_zero_at_batch_8():
+    assert CPU_LIKE.best_block(0.7, 16) == 0
+    assert CPU_LIKE.best_block(0.95, 16) == 0  # even a very good draft cannot pay for its scoring
+
+
+def test_single_stream_on_a_mixed_curve_drafts_and_load_stops_it():
+    one = Planner(heavy=Curve(300.0, 8.0), light=Curve(60.0, 4.0), heavy_batch=1, light_batch=1)
+    eight = Planner(heavy=Curve(300.0, 35.0), light=Curve(60.0, 19.0), heavy_batch=8, light_batch=8)
+    assert one.best_block(0.8, 16) >= 3
+    assert eight.best_block(0.8, 16) == 0
+    assert one.best_block(0.05, 16) == 0  # nothing is accepted: heavy alone
+
+
+def test_planned_block_beats_heavy_only_or_is_heavy_only():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        p = Planner(Curve(*rng.uniform(0, 300, 2)), Curve(*rng.uniform(0, 100, 2)),
+                    rng.integers(1, 17), rng.integers(1, 17))
+        a = rng.uniform(0.0, 0.99)
+        k = p.best_block(a, 16)
+        assert p.tokens_per_ms(k, a) >= p.tokens_per_ms(0, a)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0, 0.7) == pytest.approx(1.0)
+    assert expected_tokens(3, 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(4, 1.0) == pytest.approx(4.96, abs=0.05)  # clipped below 1: stays finite
+
+
+def test_light_is_left_out_of_a_long_prompt_with_a_short_answer():
+    p = Planner(heavy=Curve(300.0, 8.0), light=Curve(60.0, 4.0))
+    assert p.light_pays(prompt_tokens=200, new_tokens=256, acceptance=0.8, max_block=16, chunk=256)
+    assert not p.light_pays(prompt_tokens=2800, new_tokens=32, acceptance=0.8, max_block=16, chunk=256)
+    assert not CPU_LIKE.light_pays(prompt_tokens=10, new_tokens=1000, acceptance=0.8, max_block=16, chunk=256)
+
+
+def test_curve_fit_recovers_fixed_and_per_token_cost():
+    curve = CostCurve(window=64, min_samples=8)
+    rng = np.random.default_rng(1)
+    for _ in range(7):
+        curve.observe(1, 5, 100.0, 1)
+    assert curve.curve is None  # too few samples
+    curve = CostCurve(window=64, min_samples=8)
+    for _ in range(40):
+        forwards, per = int(rng.integers(1, 6)), int(rng.integers(1, 60))
+        curve.observe(forwards, forwards * per, forwards * (30.0 + 2.5 * per) * rng.uniform(0.97, 1.03), 4)
+    fit = curve.curve
+    assert fit.fixed == pytest.approx(30.0, rel=0.15) and fit.per_token == pytest.approx(2.5, rel=0.1)
+    assert 1.0 < curve.batch <= 4.0
+
+
+def test_one_token_count_only_is_not_separable():
+    curve = CostCurve(window=64, min_samples=4)
+    for _ in range(20):
+        curve.observe(2, 2, 80.0, 1)
+    assert curve.curve is None
+
+
+def test_acceptance_prior_and_decay():
+    costs = BranchCosts(CostConfig(prior_acceptance=0.5, prior_weight=10))
+    assert costs.acceptance == pytest.approx(0.5)
+    for _ in range(50):
+        costs.observe_verdicts(9, 1)
+    assert costs.acceptance > 0.85
+
+
+def test_metered_branch_feeds_the_curve():
+    curve = CostCurve(window=16, min_samples=2)
+    branch = MeteredBranch(FakeBranch("heavy", ToyLM()), curve)
+
+    async def go():
+        from tokenrouter_backend.core.branch_protocol import BranchResult
+        inner = branch.inner
+
+        async def timed(op):
+            res = await FakeBranch.step(inner, op)
+            n = len(op.input_ids)
+            return BranchResult(res.tokens, res.token_probs, res.entropy, res.input_probs, res.session_len,
+                                forward_ms=10.0 + n, forward_tokens=n, forwards=1)
+        inner.step = timed
+        await branch.step(BranchOp(1, 0, (1, 2, 3)))
+        await branch.step(BranchOp(1, 3, (4,)))
+        await branch.release(1)
+
+    asyncio.run(go())
+    assert len(curve.samples) == 2 and branch.name == "heavy"
+    assert curve.curve == Curve(pytest.approx(10.0), pytest.approx(1.0))
+
+
+# ---- through Operations' hooks: the plan a request gets --------------------------------
+def _ops(**params):
+    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.operations.admission import Operations
+
+    return Operations({k: str(v) for k, v in params.items()}, RouterDefaults())
+
+
+def _teach(costs, heavy: Curve, light: Curve, batch: int):
+    for curve, truth in ((costs.heavy, heavy), (costs.light, light)):
+        for tokens in (1, 2, 4, 8, 16, 32) * 5:
+            curve.observe(1, tokens * batch, truth.ms(tokens * batch), batch)
+
+
+def _plan(ops, prompt_len=20, **given):
+    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.operations.admission import RequestInfo
+
+    params = RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 256, **given})
+    adm = ops.admit(RequestInfo("r", tuple(range(prompt_len)), explicit_mode=True), params)
+    return None if adm.hooks is None else adm.hooks.plan(adm.params, adm.params.block_size)
+
+
+def test_hooks_plan_heavy_steps_on_a_loaded_cpu_and_drafts_on_a_gpu():
+    from tokenrouter_backend.core.names import Mode
+
+    cpu = _ops()
+    _teach(cpu.costs, Curve(2.0, 40.0), Curve(1.0, 12.0), batch=8)
+    assert _plan(cpu).mode == Mode.HEAVY
+    assert _plan(cpu, block_schedule="fixed").mode == Mode.VERIFY  # a fixed schedule keeps its block
+    gpu = _ops()
+    _teach(gpu.costs, Curve(25.0, 0.01), Curve(4.0, 0.005), batch=16)
+    plan = _plan(gpu)
+    assert plan.mode == Mode.VERIFY and plan.block >= 2  # prior acceptance 0.6: short, but drafting
+    off = _ops(cost_model="false")
+    _teach(off.costs, Curve(2.0, 40.0), Curve(1.0, 12.0), batch=8)
+    assert _plan(off) is None  # no hooks at all: the request runs its own schedule
+
+
+def test_overload_degradation_needs_the_server_and_the_request():
+    from tokenrouter_backend.core.names import Mode
+
+    for server, request, expect in ((True, True, True), (True, False, False), (False, True, False)):
+        ops = _ops(overload_degradation=str(server).lower())
+        ops.load.saturated = True
+        plan = _plan(ops, router_mode="route", allow_degradation=request)
+        assert plan.degraded == expect and plan.mode == Mode.ROUTE
+        assert plan.params.confidence_threshold == pytest.approx(0.6 if expect else 0.8)

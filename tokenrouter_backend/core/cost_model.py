@@ -1,0 +1,196 @@
+"""Cost-model speculation: how many tokens to draft, and whether to involve the light model.
+
+Each branch's cost curve — milliseconds of one forward as a function of the tokens it
+carries, ``ms = fixed + per_token * tokens`` — is fitted online by least squares over
+the branch's recent steps (``CostCurve``; every ``BranchResult`` reports its forwards,
+their padded tokens and their time). A GPU is memory-bound: ``fixed`` dominates and a
+forward of 16 x 6 tokens costs about what one of 16 costs. This CPU is compute-bound:
+``per_token`` dominates and every drafted token the heavy model scores costs as much
+as one it generates.
+
+With B requests sharing a forward, one request's share of a block that drafts k
+tokens is
+
+    cost(k) = k * (L.fixed / B_light + L.per_token) + H.fixed / B_heavy + H.per_token * (k + 1)
+
+and, with per-token acceptance a, the block commits E(k) = (1 - a^(k+1)) / (1 - a)
+tokens (the accepted drafts and the heavy model's own next token). ``k = 0`` is a
+heavy-only step: cost(0) = H.fixed / B_heavy + H.per_token, E(0) = 1. The planner picks
+the k in 0..max_block with the most tokens per millisecond (ties go to the smaller k),
+so verify is never planned slower than heavy-only. For a whole request it also asks
+whether the light model pays at all: its prefill (``L`` over the prompt) against the
+time speculation saves over ``max_tokens`` tokens; when the saving is smaller, the
+request runs heavy-only steps from the start and the light model never sees it.
+
+Framework-free; the router owns one ``BranchCosts`` and feeds it every branch result.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenrouter_backend.core.branch import Branch
+from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """config.pbtxt parameters ``cost_<field>`` of the router (docs/configuration.md)."""
+
+    model: bool = True  # cost_model: plan draft lengths from the branches' cost curves
+    window: int = 512  # recent steps per branch the curve is fitted on
+    min_samples: int = 24  # steps (with at least two token counts) before the curve is used
+    prior_acceptance: float = 0.6  # per-token acceptance assumed before any verdict
+    prior_weight: float = 8.0  # how many verdicts the prior is worth in a request's estimate
+    decay: float = 0.98  # per block: weight kept by the server-wide acceptance counts
+
+    def __post_init__(self):
+        if self.window < 4 or self.min_samples < 2 or not 0.0 < self.prior_acceptance < 1.0 \
+                or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"invalid CostConfig {self}")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One fitted cost curve: ms of a forward carrying ``tokens`` = fixed + per_token * tokens."""
+
+    fixed: float
+    per_token: float
+
+    def ms(self, tokens: float) -> float:
+        return self.fixed + self.per_token * tokens
+
+
+class CostCurve:
+    """Online least-squares fit of one branch's forward cost, and its mean batch size."""
+
+    def __init__(self, window: int = 512, min_samples: int = 24):
+        self.samples: deque[tuple[float, float, float]] = deque(maxlen=window)  # (forwards, tokens, ms)
+        self.min_samples = min_samples
+        self.batch = 1.0  # EWMA of sessions per forward
+        self._fit: Curve | None = None
+        self._stale = True
+
+    def observe(self, forwards: int, tokens: int, ms: float, batch_size: int) -> None:
+        """One step: ``forwards`` forwards carrying ``tokens`` padded tokens in all took ``ms``."""
+        if forwards <= 0 or tokens <= 0 or ms <= 0:
+            return
+        self.samples.append((float(forwards), float(tokens), float(ms)))
+        self.batch = 0.9 * self.batch + 0.1 * max(1, batch_size)
+        self._stale = True
+
+    @property
+    def curve(self) -> Curve | None:
+        """The fitted curve, or None until enough varied samples arrived."""
+        if self._stale:
+            self._fit = self._solve()
+            self._stale = False
+        return self._fit
+
+    def _solve(self) -> Curve | None:
+        if len(self.samples) < self.min_samples:
+            return None
+        data = np.asarray(self.samples)
+        per_forward = data[:, 1] / data[:, 0]
+        if np.ptp(per_forward) < 1.0:  # one token count only: fixed and per-token cost are not separable
+            return None
+        # ms = fixed * forwards + per_token * tokens, both >= 0 (clipped: solve the other alone)
+        (fixed, per_token), *_ = np.linalg.lstsq(data[:, :2], data[:, 2], rcond=None)
+        if fixed < 0:
+            fixed, per_token = 0.0, float(data[:, 2].sum() / data[:, 1].sum())
+        elif per_token < 0:
+            fixed, per_token = float(data[:, 2].sum() / data[:, 0].sum()), 0.0
+        return Curve(float(fixed), float(per_token))
+
+
+class BranchCosts:
+    """Both branches' curves (server-wide) and the server-wide acceptance estimate."""
+
+    def __init__(self, config: CostConfig = CostConfig()):
+        self.config = config
+        self.heavy = CostCurve(config.window, config.min_samples)
+        self.light = CostCurve(config.window, config.min_samples)
+        self.accepted = 0.0  # decayed counts of draft verdicts over all requests
+        self.rejected = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Server-wide per-token acceptance (the prior until verdicts arrive)."""
+        c = self.config
+        return (self.accepted + c.prior_acceptance * c.prior_weight) / (self.accepted + self.rejected + c.prior_weight)
+
+    def observe_verdicts(self, accepted: int, rejected: int) -> None:
+        d = self.config.decay
+        self.accepted = self.accepted * d + accepted
+        self.rejected = self.rejected * d + rejected
+
+    def planner(self) -> "Planner | None":
+        """A planner over the current curves, or None while either curve is unknown."""
+        h, light = self.heavy.curve, self.light.curve
+        if h is None or light is None:
+            return None
+        return Planner(h, light, self.heavy.batch, self.light.batch)
+
+
+def expected_tokens(k: int, acceptance: float) -> float:
+    """Tokens a block of k drafts commits with per-token acceptance ``acceptance``."""
+    a = min(max(acceptance, 0.0), 0.999)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class Planner:
+    """Draft-length and light-involvement decisions over fixed curves and batch sizes."""
+
+    heavy: Curve
+    light: Curve
+    heavy_batch: float = 1.0
+    light_batch: float = 1.0
+
+    def block_ms(self, k: int) -> float:
+        """One request's share of a block that drafts k tokens (k = 0: one heavy-only step)."""
+        heavy = self.heavy.fixed / self.heavy_batch + self.heavy.per_token * (k + 1)
+        light = k * (self.light.fixed / self.light_batch + self.light.per_token)
+        return heavy + light
+
+    def tokens_per_ms(self, k: int, acceptance: float) -> float:
+        return expected_tokens(k, acceptance) / self.block_ms(k)
+
+    def best_block(self, acceptance: float, max_block: int) -> int:
+        """The draft length in 0..max_block with the most expected tokens per millisecond."""
+        rates = [self.tokens_per_ms(k, acceptance) for k in range(max_block + 1)]
+        return int(np.argmax(rates))  # first maximum: ties go to the shorter block
+
+    def light_pays(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
+                   chunk: int) -> bool:
+        """Whether drafting saves more over ``new_tokens`` than the light prefill costs."""
+        k = self.best_block(acceptance, max_block)
+        if k == 0:
+            return False
+        saved_per_token = 1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.tokens_per_ms(k, acceptance)
+        calls = -(-prompt_tokens // max(1, chunk))
+        prefill = calls * self.light.fixed + self.light.per_token * prompt_tokens
+        return new_tokens * saved_per_token > prefill
+
+
+class MeteredBranch(Branch):
+    """A branch whose every step feeds a ``CostCurve`` (the router wraps both branches)."""
+
+    def __init__(self, inner: Branch, curve: CostCurve):
+        self.inner = inner
+        self.curve = curve
+        self.name = inner.name
+
+    async def step(self, op: BranchOp) -> BranchResult:
+        result = await self.inner.step(op)
+        if not op.release:
+            self.curve.observe(result.forwards, result.forward_tokens, result.forward_ms, result.batch_size)
+        return result
+
+    async def release(self, session_id: int) -> None:
+        await self.inner.release(session_id)
+
+    def __getattr__(self, name):  # the adapter's own attributes (model name, url, close)
+        return getattr(self.inner, name)

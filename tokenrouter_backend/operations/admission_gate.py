@@ -1,0 +1,115 @@
+"""Bounded admission: how many requests run at once and how many KV tokens they may reach.
+
+A request enters when fewer than ``max_live_requests`` run and its worst case — prompt +
+max_tokens — fits the ``max_live_tokens`` still free (the exporter sets that from both
+branches' KV budgets, so admitted requests never make a branch refuse a session or hold
+more KV than its budget). Otherwise it waits in a FIFO queue of at most
+``max_queued_requests`` for at most ``queue_timeout_s``; beyond either it is refused with
+``ServerBusy`` naming the limit. One gate per router, used from its event loop only.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Router config.pbtxt parameters (docs/configuration.md)."""
+
+    max_live_requests: int = 32  # requests generating at once
+    max_queued_requests: int = 256  # requests waiting beyond that
+    queue_timeout_s: float = 60.0  # longest wait in the queue
+    max_live_tokens: int = 0  # prompt + max_tokens summed over live requests; 0 = no bound
+
+    def __post_init__(self):
+        if self.max_live_requests < 1 or self.max_queued_requests < 0 or self.queue_timeout_s < 0 \
+                or self.max_live_tokens < 0:
+            raise ValueError(f"invalid admission limits {self}")
+
+
+class ServerBusy(RuntimeError):
+    """A request could not be admitted in time (message names the limit)."""
+
+
+@dataclass
+class _Waiter:
+    tokens: int
+    future: asyncio.Future
+
+
+class AdmissionGate:
+    def __init__(self, config: GateConfig = GateConfig()):
+        self.config = config
+        self.live = 0
+        self.live_tokens = 0
+        self.queue: deque[_Waiter] = deque()
+        self.refused = 0  # requests refused busy (observability)
+        self.waited_ms = 0.0  # total time admitted requests spent queued
+
+    def check(self, tokens: int) -> None:
+        """Refuse at once a request that could never fit (it would wait for nothing)."""
+        limit = self.config.max_live_tokens
+        if limit and tokens > limit:
+            raise ServerBusy(f"server busy: the request needs {tokens} KV tokens (prompt + max_tokens), more than "
+                             f"max_live_tokens={limit} allows for all live requests together")
+
+    def _fits(self, tokens: int) -> bool:
+        c = self.config
+        tokens_fit = not c.max_live_tokens or self.live_tokens + tokens <= c.max_live_tokens
+        return self.live < c.max_live_requests and tokens_fit
+
+    async def enter(self, tokens: int) -> None:
+        """Wait for a place (FIFO); raises ServerBusy when the queue is full or the wait too long."""
+        self.check(tokens)
+        if not self.queue and self._fits(tokens):
+            self._take(tokens)
+            return
+        c = self.config
+        if len(self.queue) >= c.max_queued_requests:
+            self.refused += 1
+            raise ServerBusy(f"server busy: {self.live} live requests (max_live_requests={c.max_live_requests}) "
+                             f"and {len(self.queue)} queued (max_queued_requests={c.max_queued_requests})")
+        waiter = _Waiter(tokens, asyncio.get_running_loop().create_future())
+        self.queue.append(waiter)
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=c.queue_timeout_s)
+        except asyncio.TimeoutError:
+            if waiter.future.done():  # admitted at the last moment: keep it
+                return
+            self.queue.remove(waiter)
+            waiter.future.cancel()
+            self.refused += 1
+            self._wake()
+            raise ServerBusy(f"server busy: waited queue_timeout_s={c.queue_timeout_s:g} s behind {self.live} live "
+                             f"requests (max_live_requests={c.max_live_requests}, {self.live_tokens} of "
+                             f"max_live_tokens={c.max_live_tokens or 'unbounded'} KV tokens in use)") from None
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.leave(tokens)  # admitted, then cancelled before running: give the place back
+            elif waiter in self.queue:
+                self.queue.remove(waiter)
+            raise
+        finally:
+            self.waited_ms += (time.perf_counter() - t0) * 1e3
+
+    def leave(self, tokens: int) -> None:
+        self.live -= 1
+        self.live_tokens -= tokens
+        self._wake()
+
+    def _take(self, tokens: int) -> None:
+        self.live += 1
+        self.live_tokens += tokens
+
+    def _wake(self) -> None:
+        """Admit queued requests in order while the first one fits."""
+        while self.queue and self._fits(self.queue[0].tokens):
+            waiter = self.queue.popleft()
+            if waiter.future.done():
+                continue
+            self._take(waiter.tokens)
+            waiter.future.set_result(None)
