@@ -41,6 +41,7 @@ class RouterKnobs(BaseModel):
     top_k: Optional[int] = None
     decision_log: Optional[bool] = None
     dynamic_threshold_quantile: Optional[float] = None
+    allow_degradation: Optional[bool] = None
 
 
 ROUTER_KNOBS = tuple(RouterKnobs.model_fields)
