@@ -49,7 +49,7 @@ ORGANISATION_WORDS = re.compile(
 
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 MD_NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)\b")
-GENERATED_MD = {"results.md", "OUT/results.md"}  # written by `tokenrouter bench` into --out
+GENERATED_MD = {"results.md", "OUT/results.md", "load.md", "OUT/load.md"}  # written by `tokenrouter bench` / the load sweep into --out
 
 
 def tracked_text_files() -> dict[str, str]:
