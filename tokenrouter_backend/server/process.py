@@ -27,6 +27,7 @@ from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.install import TritonInstall, prepare_backend_dir, server_environment
 from tokenrouter_backend.server.logs import parse_model_errors, tail
 from tokenrouter_backend.server.ports import LOOPBACK, free_ports
+from tokenrouter_backend.server.probe import http_status
 
 MIB = 1024 * 1024
 # Our largest tensors: a processed distribution over the Qwen2.5 vocabulary (151936 float32)
@@ -255,13 +256,7 @@ class TritonServer:
         return any(p is None for p in self._requested_ports)
 
     def _http_status(self, path: str) -> int | None:
-        try:
-            with urllib.request.urlopen(self.http_url + path, timeout=HEALTH_REQUEST_TIMEOUT_S) as resp:
-                return resp.status
-        except urllib.error.HTTPError as err:
-            return err.code
-        except (urllib.error.URLError, OSError):
-            return None
+        return http_status(self.http_url + path, HEALTH_REQUEST_TIMEOUT_S)
 
     def _repository_call(self, name: str, action: str) -> None:
         url = f"{self.http_url}/v2/repository/models/{name}/{action}"
