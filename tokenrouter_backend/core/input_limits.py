@@ -14,7 +14,7 @@ from tokenrouter_backend.core.params import InvalidRequest
 
 MIB = 1024 * 1024
 DEFAULT_MAX_INPUT_BYTES = MIB
-MAX_INPUT_BYTES_LIMIT = 64 * MIB  # Triton's own HTTP body limit in 2.51 is 64 MB
+MAX_INPUT_BYTES_LIMIT = 64 * MIB  # the largest max_input_bytes a config may set
 MAX_STOP_IDS = 1024  # STOP_IDS entries (ids plus -1 separators) one request may carry
 UTF8_MAX_BYTES_PER_CHAR = 4
 
