@@ -1,5 +1,6 @@
 """Branch models answer only the router: direct calls to ``heavy``/``light`` over HTTP and
-gRPC are refused (no key, wrong key), while the ensemble keeps serving (real tritonserver)."""
+gRPC are refused (no key, wrong key), while the ensemble keeps serving (real tritonserver);
+the launcher's default admin restriction holds on the same server."""
 from __future__ import annotations
 
 import pytest
@@ -40,6 +41,20 @@ def test_direct_branch_calls_are_refused(server, transport, model):
                                 BranchOp(OP.session_id, 3, (6,)), key=key)
     assert error is not None and "session 4242 does not exist" in error, error
     assert model_stats(server.http_url, model)["inference_count"] >= before
+
+
+def test_admin_api_needs_the_key_while_the_ensemble_serves(server):
+    import urllib.error
+    import urllib.request
+
+    url = f"{server.http_url}/v2/models/tokenrouter/config"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)
+    assert refused.value.code == 403
+    with urllib.request.urlopen(urllib.request.Request(url, headers=server.admin_headers), timeout=10) as r:
+        assert r.status == 200
+    result = generate_http(server.http_url.removeprefix("http://"), "import os\n", max_tokens=4)
+    assert result.tokens == 4
 
 
 def test_ensemble_keeps_serving_and_the_key_opens_a_branch(server):
