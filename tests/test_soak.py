@@ -110,8 +110,8 @@ def test_cancelled_streams_leak_nothing(tiny_repository, start_triton):
     assert generate_http(host, "def f():", max_tokens=4).tokens == 4
 
 
-@pytest.mark.xfail(strict=True, reason="Triton 2.51: cancelling a `tokenrouter` ensemble stream does not "
-                   "reach the router (sender.is_cancelled() stays false), so the request runs to max_tokens")
+@pytest.mark.xfail(strict=True, reason="a cancelled `tokenrouter` ensemble stream keeps generating to "
+                   "max_tokens (heavy inference count keeps rising after the cancel)")
 def test_cancelled_ensemble_stream_stops_generating(tiny_repository, start_triton):
     server = start_triton(tiny_repository)
     cancelled_stream_after(server.grpc_url, responses=2, max_tokens=400)
