@@ -91,6 +91,6 @@ def test_verify_matches_heavy_and_heavy_is_its_own_reference(quick_results):
 def test_perf_analyzer_accepts_generated_input_data(server, tmp_path, concurrency):
     prompts = load_workloads(["code", "structured"], quick=True)
     point = load.run_point(server.grpc_url, prompts, "verify", concurrency, 4, tmp_path, window_requests=4,
-                           timeout_s=120)
+                           timeout_s=120, admin_key=server.restriction.key)
     assert point.throughput_rps > 0 and point.p99_latency_ms > 0
     assert point.csv_row["Concurrency"] == str(concurrency)

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from support.fakes import StubFamily
+from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_PARAMETER, BranchKeyError
 from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+
+TEST_KEY = "k" * 24
 
 
 def fake_pb_utils():
@@ -42,6 +45,7 @@ def fake_pb_utils():
 
 @pytest.fixture
 def glue(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, TEST_KEY)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
     sys.modules.pop("tokenrouter_backend.serving.branch_model", None)
     import tokenrouter_backend.serving.branch_model as tb
@@ -72,8 +76,19 @@ def model_config(path):
         "intra_op_threads": {"string_value": "1"}, "max_draft_len": {"string_value": "4"}}})
 
 
-def request(op):
-    return op_to_arrays(op)
+class FakeRequest(dict):
+    """A branch request: input arrays by name plus its parameters (JSON, as pb_utils gives)."""
+
+    def __init__(self, arrays, parameters):
+        super().__init__(arrays)
+        self._parameters = json.dumps(parameters)
+
+    def parameters(self):
+        return self._parameters
+
+
+def request(op, key=TEST_KEY):
+    return FakeRequest(op_to_arrays(op), {} if key is None else {KEY_PARAMETER: key})
 
 
 def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path):
@@ -82,7 +97,7 @@ def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path)
     model = glue.TritonPythonModel()
     model.initialize({"model_name": "light", "model_config": model_config("onnx"),
                       "model_repository": str(tmp_path / "light"), "model_version": "1"})
-    no_session = request(BranchOp(5, 0, (1,)))
+    no_session = request(BranchOp(5, 0, (1,)))  # a FakeRequest: deleting an input keeps its key
     del no_session["session_id"]
     reqs = [request(BranchOp(1, 0, (3, 4, 5), draft_len=3)), no_session,
             request(BranchOp(2, 3, (1,))), request(BranchOp(3, 0, (7,), draft_len=9)),
@@ -108,6 +123,33 @@ def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path)
     assert all(r.error is None for r in release)
     assert fam["tokenrouter_kv_bytes"].metrics[0].value == 0
     assert np.all(fam["tokenrouter_kv_sessions"].metrics[0].value == 0)
+
+
+def test_execute_refuses_requests_without_the_branch_key(glue, tiny_qwen_dir, tmp_path):
+    version = tmp_path / "light" / "1"
+    shutil.copytree(tiny_qwen_dir, version / "onnx")
+    model = glue.TritonPythonModel()
+    model.initialize({"model_name": "light", "model_config": model_config("onnx"),
+                      "model_repository": str(tmp_path / "light"), "model_version": "1"})
+    op = BranchOp(1, 0, (3, 4, 5), draft_len=2)
+    out = model.execute([request(op, key=None), request(op, key="x" * 24), request(op)])
+    assert "light: refused" in out[0].error.message()
+    assert f"'{KEY_PARAMETER}' is missing" in out[0].error.message()
+    assert "does not match" in out[1].error.message() and TEST_KEY not in out[1].error.message()
+    assert out[2].error is None and result_from_arrays(out[2].tensors.get).session_len == 3 + 2 - 1
+    assert model.engine.store.session_count == 1  # refused requests created no session
+
+
+def test_initialize_without_any_branch_key_fails(glue, tiny_qwen_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_ENV)
+    shutil.copytree(tiny_qwen_dir, tmp_path / "light" / "1" / "onnx")
+    args = {"model_name": "light", "model_config": model_config("onnx"),
+            "model_repository": str(tmp_path / "light"), "model_version": "1"}
+    with pytest.raises(BranchKeyError, match=f"set \\${KEY_ENV}"):
+        glue.TritonPythonModel().initialize(args)
+    (tmp_path / "light" / "branch.key").write_text("short\n")
+    with pytest.raises(BranchKeyError, match="too short"):
+        glue.TritonPythonModel().initialize(args)
 
 
 def test_parse_params_runtime(glue):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tokenrouter_backend.core.branch_auth import key_parameters, write_key_files
 from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.server import process as launcher
@@ -38,14 +39,20 @@ def make_repository(root: Path, onnx_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+def key(server):
+    return (server.repository / "heavy" / "branch.key").read_text().strip()
+
+
+@pytest.fixture(scope="module")
 def server(tiny_qwen_dir, tmp_path_factory):
     repo = make_repository(tmp_path_factory.mktemp("repo"), tiny_qwen_dir)
+    write_key_files(repo)
     log = tmp_path_factory.mktemp("log") / "tritonserver.log"
     with launcher.TritonServer(repo, log_path=log, ready_timeout_s=120) as srv:
         yield srv
 
 
-def infer(url: str, model: str, op: BranchOp):
+def infer(url: str, model: str, op: BranchOp, key: str):
     """One branch step over HTTP; returns (BranchResult | None, error text | None)."""
     client = httpclient.InferenceServerClient(url.removeprefix("http://"))
     inputs = []
@@ -56,7 +63,7 @@ def infer(url: str, model: str, op: BranchOp):
         t.set_data_from_numpy(arr)
         inputs.append(t)
     try:
-        res = client.infer(model, inputs)
+        res = client.infer(model, inputs, parameters=key_parameters(key))
     except Exception as exc:  # noqa: BLE001 - tritonclient raises InferenceServerException
         return None, str(exc)
     return result_from_arrays(res.as_numpy), None
@@ -69,30 +76,30 @@ def reference(onnx_dir, ops):
     return [eng.run([op])[0] for op in ops]
 
 
-def test_steps_match_engine_and_errors_name_branch(server, tiny_qwen_dir):
+def test_steps_match_engine_and_errors_name_branch(server, key, tiny_qwen_dir):
     ops = [BranchOp(11, 0, (3, 4, 5, 6), draft_len=4), BranchOp(11, 6, (9,), draft_len=3),
            BranchOp(11, 2, (7, 8))]
     ref = reference(tiny_qwen_dir, ops)
     for op, want in zip(ops, ref):
-        got, err = infer(server.http_url, "heavy", op)
+        got, err = infer(server.http_url, "heavy", op, key)
         assert err is None, err
         np.testing.assert_array_equal(got.tokens, want.tokens)
         np.testing.assert_allclose(got.token_probs, want.token_probs, atol=1e-5)
         np.testing.assert_allclose(got.input_probs, want.input_probs, atol=1e-5)
         assert got.session_len == want.session_len
-    _, err = infer(server.http_url, "light", BranchOp(99, 4, (1,)))
+    _, err = infer(server.http_url, "light", BranchOp(99, 4, (1,)), key)
     assert "light: session 99 does not exist" in err
-    _, err = infer(server.http_url, "heavy", BranchOp(11, 50, (1,)))
+    _, err = infer(server.http_url, "heavy", BranchOp(11, 50, (1,)), key)
     assert "heavy: keep_len 50" in err and "4 tokens" in err
-    got, err = infer(server.http_url, "heavy", BranchOp(11, 0, (), release=True))
+    got, err = infer(server.http_url, "heavy", BranchOp(11, 0, (), release=True), key)
     assert err is None and got.session_len == 0
 
 
-def test_concurrent_steps_are_batched(server, tiny_qwen_dir):
+def test_concurrent_steps_are_batched(server, key, tiny_qwen_dir):
     ops = [BranchOp(100 + i, 0, tuple(range(5, 5 + 3 + i)), draft_len=1 + i % 4) for i in range(16)]
     ref = reference(tiny_qwen_dir, ops)
     with cf.ThreadPoolExecutor(16) as pool:
-        outs = list(pool.map(lambda op: infer(server.http_url, "light", op), ops))
+        outs = list(pool.map(lambda op: infer(server.http_url, "light", op, key), ops))
     for (got, err), want in zip(outs, ref):
         assert err is None, err
         np.testing.assert_array_equal(got.tokens, want.tokens)
@@ -105,7 +112,7 @@ def test_concurrent_steps_are_batched(server, tiny_qwen_dir):
     assert 'tokenrouter_branch_batch_size_bucket{branch="light",le="2"}' in metrics
     assert "tokenrouter_branch_forward_ms" in metrics
     for op in ops:
-        assert infer(server.http_url, "light", BranchOp(op.session_id, 0, (), release=True))[1] is None
+        assert infer(server.http_url, "light", BranchOp(op.session_id, 0, (), release=True), key)[1] is None
     metrics = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
     assert re.search(r'tokenrouter_kv_sessions\{branch="light"\} 0\b', metrics)
     assert re.search(r'tokenrouter_kv_bytes\{branch="light"\} 0\b', metrics)

@@ -30,6 +30,17 @@ def _serve_args(repo: Path, tmp_path: Path) -> list[str]:
             "--ready-timeout", str(SERVE_TIMEOUT_S)]
 
 
+def _get(url: str, headers: dict | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 def _server_pids(repo: Path) -> list[int]:
     """tritonserver (``--model-repository=REPO``) and stub (``REPO/<model>/1/model.py``) pids."""
     pids = []
@@ -60,10 +71,18 @@ def test_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
         lines = []
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("  metrics"):
+            if line.startswith("  admin APIs"):
                 break
         text = "".join(lines)
         assert "ready" in text, text + proc.stderr.read()
+        key_file = tmp_path / "data" / "admin.key"
+        assert f"need the header tokenrouter-admin-key: <the key in {key_file}>" in text, text
+        assert (key_file.stat().st_mode & 0o777) == 0o600
+        key = key_file.read_text().strip()
+        assert key not in text and len(key) >= 40
+        http = re.search(r"HTTP +(http://\S+)", text).group(1)
+        assert _get(f"{http}/v2/models/add_one/config") == 403
+        assert _get(f"{http}/v2/models/add_one/config", {"tokenrouter-admin-key": key}) == 200
         assert re.search(r"HTTP +http://127\.0\.0\.1:\d+", text)
         assert re.search(r"gRPC +127\.0\.0\.1:\d+", text)
         assert len(_server_pids(repo)) >= 2, "expected tritonserver and a stub running"

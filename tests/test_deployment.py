@@ -1,9 +1,10 @@
-"""Deployment files: docker-compose.yml per profile, the Dockerfile, its Python 3.10
-requirements, the container scripts, and Python 3.10 compatibility of the sources.
+"""Deployment files: docker-compose.yml per profile, the Dockerfile, its requirements
+(Python 3.12 of the Triton 25.07 image, and 3.10), the container scripts, and Python 3.10
+compatibility of the sources.
 
 No Docker engine is needed: the compose file is parsed by the compose CLI (`docker-compose
 config`, Debian package `docker-compose`), the requirements are resolved by pip for Python
-3.10 against PyPI (network to the registry is required, as in CI).
+3.12 and 3.10 against PyPI (network to the registry is required, as in CI).
 """
 from __future__ import annotations
 
@@ -65,6 +66,21 @@ def profile(request):
     return request.param, compose_config(request.param)
 
 
+def ports(service: dict) -> list[dict]:
+    """Published ports as {host_ip, published, target}: compose v1 prints the short form
+    ("127.0.0.1:8000:8000/tcp") when a host address is given, v2 the long one."""
+    out = []
+    for p in service["ports"]:
+        if isinstance(p, dict):
+            out.append({"host_ip": p.get("host_ip", ""), "published": int(p["published"]),
+                        "target": int(p["target"])})
+            continue
+        fields = p.split("/")[0].split(":")
+        host_ip = fields[0] if len(fields) == 3 else ""
+        out.append({"host_ip": host_ip, "published": int(fields[-2]), "target": int(fields[-1])})
+    return out
+
+
 def in_profile(config: dict, name: str) -> dict:
     """Services of the resolved config that `--profile name` starts."""
     return {s: d for s, d in config["services"].items() if name in d.get("profiles", [])}
@@ -82,12 +98,12 @@ def test_servers_have_ports_healthcheck_shm_ulimits_restart(profile):
     for svc, d in in_profile(config, name).items():
         if svc not in SERVERS:
             continue
-        assert {int(p["target"]) for p in d["ports"]} == TRITON_PORTS, svc
+        assert {p["target"] for p in ports(d)} == TRITON_PORTS, svc
         assert d["healthcheck"]["test"][-1] == "/opt/tokenrouter/docker/healthcheck.py", svc
         assert d["shm_size"] and d["restart"] == "unless-stopped", svc
         assert d["ulimits"]["memlock"] == -1 and int(d["ulimits"]["stack"]) >= 64 << 20, svc
         args = d["entrypoint"] + d["command"]
-        assert args[:2] == ["/opt/nvidia/nvidia_entrypoint.sh", "tritonserver"], svc
+        assert args[:2] == ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/tokenrouter/docker/tritonserver.sh"], svc
         assert "--model-repository=/models" in args, svc
         assert any(a.startswith("--backend-config=python,shm-default-byte-size=") for a in args)
         assert d["image"].startswith("tokenrouter-serve:") and d["build"]["target"] == "serve"
@@ -134,7 +150,7 @@ def test_variables_reach_the_resolved_config():
     services = compose_config("split", env)["services"]
     assert "/data/models:/sources:ro" in services["export"]["volumes"]
     assert services["export"]["environment"]["HEAVY_SRC"] == "/sources/qwen-1.5b"
-    assert {int(p["published"]) for p in services["router"]["ports"]} >= {18000}
+    assert {p["published"] for p in ports(services["router"])} >= {18000}
     assert services["router"]["environment"]["TOKENROUTER_HEAVY_URL"] == "gpu-box:8001"
     assert "--backend-config=python,shm-default-byte-size=1048576" in services["heavy"]["entrypoint"]
 
@@ -146,7 +162,7 @@ def dockerfile() -> str:
 
 def test_dockerfile_stages_base_image_and_copies():
     text = dockerfile()
-    assert "ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3" in text
+    assert "ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.07-py3" in text
     assert re.search(r"^FROM \$\{TRITON_IMAGE\} AS serve$", text, re.M)
     assert re.search(r"^FROM serve AS export$", text, re.M)
     assert "pip install --no-deps ." in text  # the CPU-venv pins stay out of the image
@@ -156,25 +172,27 @@ def test_dockerfile_stages_base_image_and_copies():
         assert (ROOT / req).is_file(), req
 
 
-def pip_resolve(requirements: Path, tmp_path: Path) -> dict[str, str]:
+def pip_resolve(requirements: Path, tmp_path: Path, python: str = "3.10") -> dict[str, str]:
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
-           "--only-binary=:all:", "--python-version", "3.10", "--implementation", "cp",
-           "--abi", "cp310", "--target", str(tmp_path / "t"), "--report", str(report),
-           "-r", str(requirements)]
+           "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+           "--abi", "cp" + python.replace(".", ""), "--target", str(tmp_path / "t"),
+           "--report", str(report), "-r", str(requirements)]
     for platform in PIP_PLATFORMS:
         cmd += ["--platform", platform]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, f"pip could not resolve {requirements.name} for Python 3.10:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"pip could not resolve {requirements.name} for Python {python}:\n{proc.stderr[-3000:]}"
     items = json.loads(report.read_text())["install"]
     return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in items}
 
 
 @pytest.mark.index  # pip resolves against the package index: minutes, not a pure test
-def test_image_requirements_resolve_for_python_310(tmp_path):
+@pytest.mark.parametrize("python", ["3.12", "3.10"])  # the 25.07 image's Python; the 24.10 one's
+def test_image_requirements_resolve(tmp_path, python):
     # the export requirements include the serving ones (-r), so one resolve checks both
     assert "-r requirements-serve.txt" in (ROOT / "docker/requirements-export.txt").read_text()
-    resolved = pip_resolve(ROOT / "docker/requirements-export.txt", tmp_path)
+    resolved = pip_resolve(ROOT / "docker/requirements-export.txt", tmp_path, python)
     assert resolved["onnxruntime-gpu"].startswith("1.23.")
     assert "onnxruntime" not in resolved, "CPU onnxruntime would clash with onnxruntime-gpu"
     assert resolved["torch"] == "2.10.0"
@@ -279,3 +297,80 @@ def test_healthcheck_script(tmp_path):
     down = subprocess.run([sys.executable, script], env={**os.environ, "TRITON_HTTP_PORT": port},
                           capture_output=True, text=True, timeout=30)
     assert down.returncode == 1 and "not ready" in down.stderr
+
+
+# ---- secure defaults ----------------------------------------------------------------------
+def test_ports_bind_loopback_unless_opened(profile):
+    name, config = profile
+    for svc, d in in_profile(config, name).items():
+        if svc in SERVERS:
+            assert {p["host_ip"] for p in ports(d)} == {"127.0.0.1"}, svc
+    opened = in_profile(compose_config(name, {"TRITON_BIND_ADDRESS": "0.0.0.0"}), name)
+    for svc, d in opened.items():
+        if svc in SERVERS:
+            assert {p["host_ip"] for p in ports(d)} == {"0.0.0.0"}, svc
+
+
+def test_servers_get_the_security_environment(profile):
+    name, config = profile
+    for svc, d in in_profile(config, name).items():
+        if svc in SERVERS:
+            env = d["environment"]
+            assert env["TOKENROUTER_RESTRICTED_APIS"] == \
+                "model-repository,model-config,logging,shared-memory,trace", svc
+            assert "TOKENROUTER_ADMIN_KEY" in env and "TOKENROUTER_BRANCH_KEY" in env, svc
+    env = {"TOKENROUTER_ADMIN_KEY": "k" * 20, "TOKENROUTER_BRANCH_KEY": "b" * 20}
+    router = compose_config("split", env)["services"]["router"]["environment"]
+    assert router["TOKENROUTER_ADMIN_KEY"] == "k" * 20 and router["TOKENROUTER_BRANCH_KEY"] == "b" * 20
+    assert router["TOKENROUTER_HEAVY_URL"] == "heavy:8001"
+
+
+def test_image_runs_as_an_unprivileged_user():
+    text = dockerfile()
+    serve, export = text.split("FROM serve AS export")
+    users = re.findall(r"^USER (\S+)$", serve, re.M)
+    assert users and users[-1] != "root" and "chown" in serve
+    assert re.findall(r"^USER (\S+)$", export, re.M)[-1] == users[-1]  # root only to pip install
+    assert '"/opt/tokenrouter/docker/tritonserver.sh"' in serve
+
+
+def run_wrapper(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """docker/tritonserver.sh with a stand-in tritonserver that prints its arguments."""
+    fake = tmp_path / "tritonserver"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    full = {**os.environ, "TRITONSERVER": str(fake),
+            "TOKENROUTER_ADMIN_KEY_FILE": str(tmp_path / "admin.key"), **env}
+    full = {k: v for k, v in full.items() if v is not None}
+    return subprocess.run(["bash", str(ROOT / "docker/tritonserver.sh"), *args], capture_output=True,
+                          text=True, env=full, timeout=60)
+
+
+def test_server_wrapper_adds_restriction_and_strict_flags(tmp_path):
+    apis = "model-repository,model-config,logging,shared-memory,trace"
+    given = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": "a" * 20, "TOKENROUTER_RESTRICTED_APIS": None},
+                        "--model-repository=/models", "--model-control-mode=explicit")
+    assert given.returncode == 0, given.stderr
+    args = given.stdout.split()
+    assert args[:2] == ["--exit-on-error=true", "--strict-readiness=true"]
+    assert f"--http-restricted-api={apis}:tokenrouter-admin-key={'a' * 20}" in args
+    assert f"--grpc-restricted-protocol={apis}:tokenrouter-admin-key={'a' * 20}" in args
+    assert args[-2:] == ["--model-repository=/models", "--model-control-mode=explicit"]
+    assert not (tmp_path / "admin.key").exists()
+
+    generated = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": None, "TOKENROUTER_RESTRICTED_APIS": None})
+    assert generated.returncode == 0, generated.stderr
+    key = (tmp_path / "admin.key").read_text().strip()
+    assert len(key) >= 40 and stat.S_IMODE((tmp_path / "admin.key").stat().st_mode) == 0o600
+    assert f"--http-restricted-api={apis}:tokenrouter-admin-key={key}" in generated.stdout.split()
+    assert generated.stdout.count(key) == 2  # in the two flags only, never in its own message
+
+
+def test_server_wrapper_refuses_open_explicit_mode_and_bad_keys(tmp_path):
+    opened = run_wrapper(tmp_path, {"TOKENROUTER_RESTRICTED_APIS": "none"}, "--model-repository=/m")
+    assert opened.returncode == 0 and "restricted" not in opened.stdout
+    refused = run_wrapper(tmp_path, {"TOKENROUTER_RESTRICTED_APIS": "logging"}, "--model-control-mode=explicit")
+    assert refused.returncode == 2 and "needs model-repository" in refused.stderr
+    for bad in ("short", "has:colon-long-enough"):
+        res = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": bad, "TOKENROUTER_RESTRICTED_APIS": None})
+        assert res.returncode == 2, bad

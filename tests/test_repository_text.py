@@ -49,7 +49,8 @@ ORGANISATION_WORDS = re.compile(
 
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 MD_NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)\b")
-GENERATED_MD = {"results.md", "OUT/results.md", "load.md", "OUT/load.md"}  # written by `tokenrouter bench` / the load sweep into --out
+# written into --out by `tokenrouter bench` and the load sweep
+GENERATED_MD = {"results.md", "OUT/results.md", "load.md", "OUT/load.md"}
 
 
 def tracked_text_files() -> dict[str, str]:

@@ -149,6 +149,9 @@ BAD_INPUTS = [
     ({"block_size": 0}, "block_size must be in [1, 16]; got 0"),
     ({"text_input": ""}, "text_input must be a non-empty string"),
     ({"text_input": "x " * 3000, "max_tokens": 64}, "must fit the context of"),
+    ({"text_input": "é" * (512 * 1024) + "x"}, "text_input is 1048577 bytes; at most max_input_bytes = 1048576"),
+    ({"stop_words": [str(i) for i in range(17)]}, "stop_words has 17 entries; at most 16 allowed"),
+    ({"stop_words": ["ok", "x" * 1025]}, "stop_words[1] is 1025 bytes; at most 256 characters"),
 ]
 
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from support.branch_calls import branch_call
 from support.serving_helpers import model_stats, router_tokens
+from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_FILE
+from tokenrouter_backend.core.branch_protocol import BranchOp
 from tokenrouter_backend.server.ports import free_ports
 from tokenrouter_backend.server.process import TritonServer
 
@@ -92,6 +95,29 @@ def test_split_output_equals_single_server(split, single_server_outputs, tokeniz
     assert served > 0, "the router did not use the heavy server"
     with pytest.raises(urllib.error.URLError):  # the router server really holds no heavy model
         model_stats(router.http_url, "heavy")
+
+
+def test_heavy_server_refuses_direct_calls_while_router_uses_it(split, tokenizer):
+    heavy, router = split
+    op = BranchOp(77, 0, (3, 4, 5), draft_len=2)
+    for transport, url in (("http", heavy.http_url), ("grpc", heavy.grpc_url)):
+        for key in (None, "wrong-key-" * 3):
+            tokens, error = branch_call(transport, url, "heavy", op, key=key)
+            assert tokens is None and "heavy: refused" in error, (transport, key, error)
+    tokens, _ = router_tokens(router.grpc_url, tokenizer.encode(PROMPTS[1]).ids, router_mode="heavy", max_tokens=4)
+    assert len(tokens) == 4  # the router's remote calls carry the key
+
+
+def test_router_with_another_key_is_refused_by_heavy(split, tiny_repository, tokenizer, tmp_path, monkeypatch):
+    heavy, _ = split
+    router_repo = copy_models(tiny_repository, tmp_path / "router_repo", ROUTER_MODELS)
+    set_heavy_url(router_repo / "router" / "config.pbtxt", heavy.grpc_url)
+    assert (router_repo / "router" / KEY_FILE).read_text() == (tiny_repository / "heavy" / KEY_FILE).read_text()
+    monkeypatch.setenv(KEY_ENV, "another-deployment-key-0123")  # the router server's stubs inherit it
+    with TritonServer(router_repo, log_path=tmp_path / "router.log", ready_timeout_s=120) as other:
+        with pytest.raises(RuntimeError) as err:
+            router_tokens(other.grpc_url, tokenizer.encode(PROMPTS[1]).ids, router_mode="heavy", max_tokens=4)
+    assert "heavy: refused" in str(err.value) and "does not match" in str(err.value)
 
 
 def test_killed_heavy_fails_fast_and_router_recovers(split, single_server_outputs, tokenizer):

@@ -18,8 +18,10 @@ from tokenrouter_backend.core.branch_protocol import (
 class BlsBranch(Branch):
     """One branch model reached with ``InferenceRequest.async_exec()``."""
 
-    def __init__(self, name: str, model_name: str, pb_utils, timeout_ms: int = 0):
+    def __init__(self, name: str, model_name: str, pb_utils, timeout_ms: int = 0,
+                 parameters: dict[str, str] | None = None):
         self.name = name
+        self.parameters = dict(parameters or {})  # request parameters: the branch key
         self.model_name = model_name
         self.pb_utils = pb_utils
         self.timeout_ms = timeout_ms  # 0 = no BLS timeout
@@ -29,6 +31,8 @@ class BlsBranch(Branch):
         pb = self.pb_utils
         inputs = [pb.Tensor(name, value) for name, value in op_to_arrays(op).items()]
         kwargs = {"timeout": self.timeout_ms * 1000} if self.timeout_ms else {}
+        if self.parameters:
+            kwargs["parameters"] = self.parameters
         request = pb.InferenceRequest(
             model_name=self.model_name, inputs=inputs, requested_output_names=self._outputs, **kwargs
         )

@@ -65,6 +65,7 @@ class RemoteBranch(Branch):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_retries: int = DEFAULT_CONNECT_RETRIES,
         backoff_s: float = DEFAULT_BACKOFF_S,
+        parameters: dict[str, str] | None = None,
     ):
         if not url:
             raise ValueError(f"RemoteBranch {name}: url is empty (host:port of the gRPC endpoint)")
@@ -78,6 +79,7 @@ class RemoteBranch(Branch):
         self.timeout_s = timeout_s
         self.connect_retries = connect_retries
         self.backoff_s = backoff_s
+        self.parameters = dict(parameters) if parameters else None  # request parameters: the branch key
         self._client = None
         self._closed = False
 
@@ -96,7 +98,8 @@ class RemoteBranch(Branch):
         for attempt in range(self.connect_retries + 1):
             try:
                 response = await self._get_client().infer(
-                    self.model, inputs, outputs=outputs, client_timeout=self.timeout_s)
+                    self.model, inputs, outputs=outputs, client_timeout=self.timeout_s,
+                    parameters=self.parameters)
                 return self._result(response)
             except BranchError:
                 raise

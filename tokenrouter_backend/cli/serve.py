@@ -20,6 +20,13 @@ from tokenrouter_backend.server.process import (
     POLL_INTERVAL_S,
     TritonServer,
 )
+from tokenrouter_backend.server.restrictions import (
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
+    RESTRICTED_APIS,
+    TRITON_APIS,
+    write_key_file,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-file", type=Path, default=None,
                         help="server log (default <data>/logs/tritonserver-<time>-<pid>.log)")
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose")
+    parser.add_argument("--restrict", default=",".join(RESTRICTED_APIS), type=_api_list,
+                        help="Triton APIs that need the admin header, comma list (default "
+                             f"{','.join(RESTRICTED_APIS)}; 'none' opens all; explicit model "
+                             "control needs model-repository); see docs/security.md")
+    parser.add_argument("--admin-key-file", type=Path, default=None,
+                        help="where the admin key is written, mode 0600 (default "
+                             f"<data>/admin.key); the key is ${ADMIN_KEY_ENV} or random")
     add_openai_arguments(parser)
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
                         help=f"seconds to wait for every model (default {DEFAULT_READY_TIMEOUT_S:.0f})")
@@ -81,6 +95,16 @@ def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str
         raise FrontFailed(str(err)) from err
 
 
+def _api_list(text: str) -> tuple[str, ...]:
+    apis = tuple(a.strip() for a in text.split(",") if a.strip())
+    if apis == ("none",):
+        return ()
+    unknown = [a for a in apis if a not in TRITON_APIS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown API(s) {unknown}; known: {', '.join(TRITON_APIS)}, or none")
+    return apis
+
+
 def run(args: argparse.Namespace) -> int:
     repository = args.repository or paths.demo_repository()
     if not Path(repository).is_dir():
@@ -88,12 +112,17 @@ def run(args: argparse.Namespace) -> int:
               "  (export one with `tokenrouter export ...`, or pass --repository)", file=sys.stderr)
         return 2
     port = lambda p: None if p == 0 else p  # noqa: E731
-    server = TritonServer(repository, http_port=port(args.http_port), grpc_port=port(args.grpc_port),
-                          metrics_port=port(args.metrics_port), address=args.address,
-                          model_control_mode=args.model_control_mode, load_models=args.load_model,
-                          shm_default_bytes=args.shm_bytes, shm_growth_bytes=args.shm_growth_bytes,
-                          log_path=args.log_file, log_verbose=args.log_verbose,
-                          ready_timeout_s=args.ready_timeout)
+    try:
+        server = TritonServer(repository, http_port=port(args.http_port), grpc_port=port(args.grpc_port),
+                              metrics_port=port(args.metrics_port), address=args.address,
+                              model_control_mode=args.model_control_mode, load_models=args.load_model,
+                              shm_default_bytes=args.shm_bytes, shm_growth_bytes=args.shm_growth_bytes,
+                              log_path=args.log_file, log_verbose=args.log_verbose,
+                              ready_timeout_s=args.ready_timeout, restricted_apis=args.restrict)
+    except ValueError as err:
+        print(f"tokenrouter serve: {err}", file=sys.stderr)
+        return 2
+    restricted = _announce_restriction(server, args.admin_key_file or paths.data_dir() / "admin.key")
     stop_requested = threading.Event()
     serving = threading.Event()
     front = None
@@ -111,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         server.wait_ready()
         front = start_openai_front(args, repository, server.grpc_url)
         print(f"ready\n  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n"
-              f"  metrics {server.metrics_url}" + (f"\n  OpenAI  {front.url}" if front else ""), flush=True)
+              f"  metrics {server.metrics_url}" + (f"\n  OpenAI  {front.url}" if front else "")
+              + f"\n  {restricted}", flush=True)
         serving.set()
         while not stop_requested.wait(POLL_INTERVAL_S):
             if front is not None and not front.is_running():
@@ -139,3 +169,13 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _announce_restriction(server: TritonServer, key_file: Path) -> str:
+    """Write the admin key file; the line `serve` prints about it (never the key itself)."""
+    restriction = server.restriction
+    if not restriction.apis:
+        return "admin APIs: all open (--restrict none)"
+    write_key_file(key_file, restriction.key)
+    return (f"admin APIs ({', '.join(restriction.apis)}) need the header "
+            f"{ADMIN_HEADER}: <the key in {key_file}>")

@@ -13,10 +13,14 @@ Writes OUT/results.json (every record, ratio and summary), OUT/results.md and PN
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+from tokenrouter_backend.server.restrictions import ADMIN_KEY_ENV
 
 from . import report
 from .portable_paths import portable_command, portable_path
@@ -209,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
 
         # SIGTERM (kill, timeout) must unwind the with-block so the server and its stubs stop
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        # one admin key for the server and perf_analyzer (which reads the model config)
+        os.environ.setdefault(ADMIN_KEY_ENV, secrets.token_urlsafe(32))
         with TritonServer(args.repo, log_path=args.out / "tritonserver.log") as server:
             results = execute(args, server.grpc_url, log)
     report.write_all(results, args.out)

@@ -24,6 +24,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tokenrouter_backend.server.restrictions import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_HEADER_PREFIX
+
 from .workloads import Prompt
 
 MODEL = "tokenrouter"
@@ -93,8 +95,13 @@ def perf_env() -> dict[str, str]:
 
 
 def perf_command(grpc_url: str, data_path: Path, csv_path: Path, concurrency: int,
-                 window_requests: int = WINDOW_REQUESTS, profile_path: Path | None = None) -> list[str]:
-    cmd = [perf_analyzer_binary(), "-m", MODEL, "-u", grpc_url, "-i", "grpc", "--async", "--streaming",
+                 window_requests: int = WINDOW_REQUESTS, profile_path: Path | None = None,
+                 admin_key: str | None = None) -> list[str]:
+    """perf_analyzer reads the model config, a restricted API: it sends the admin key
+    (``admin_key``, else ``$TOKENROUTER_ADMIN_KEY``) when there is one."""
+    key = admin_key or os.environ.get(ADMIN_KEY_ENV, "")
+    header = ["-H", f"{GRPC_HEADER_PREFIX}{ADMIN_HEADER}:{key}"] if key else []
+    cmd = [perf_analyzer_binary(), *header, "-m", MODEL, "-u", grpc_url, "-i", "grpc", "--async", "--streaming",
            "--input-data", str(data_path), "--concurrency-range", f"{concurrency}:{concurrency}",
            "--measurement-mode", "count_windows", "--measurement-request-count", str(window_requests),
            "-s", str(STABILITY_PERCENT), "--max-trials", str(MAX_TRIALS), "--percentile", "99",
@@ -175,13 +182,13 @@ def point_from_row(mode: str, concurrency: int, max_tokens: int, row: dict) -> L
 
 def run_point(grpc_url: str, prompts: list[Prompt], mode: str, concurrency: int, max_tokens: int,
               work_dir: Path, extra: dict | None = None, window_requests: int = WINDOW_REQUESTS,
-              timeout_s: float = POINT_TIMEOUT_S) -> LoadPoint:
+              timeout_s: float = POINT_TIMEOUT_S, admin_key: str | None = None) -> LoadPoint:
     work_dir.mkdir(parents=True, exist_ok=True)
     data = write_input_data(work_dir / f"input_{mode}.json", prompts, mode, max_tokens, extra)
     csv_path = work_dir / f"perf_{mode}_c{concurrency}.csv"
     profile = work_dir / f"profile_{mode}_c{concurrency}.json"
     profile.unlink(missing_ok=True)  # perf_analyzer refuses an existing export file
-    cmd = perf_command(grpc_url, data, csv_path, concurrency, window_requests, profile)
+    cmd = perf_command(grpc_url, data, csv_path, concurrency, window_requests, profile, admin_key)
     proc = subprocess.run(cmd, env=perf_env(), capture_output=True, text=True, timeout=timeout_s)
     (work_dir / f"perf_{mode}_c{concurrency}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not csv_path.exists():

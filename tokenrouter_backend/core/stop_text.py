@@ -19,6 +19,7 @@ from tokenrouter_backend.core.stopping import Stop, StopCriteria, find_stop
 REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete multi-byte character
 MAX_STOP_WORDS = 16
 MAX_STOP_WORD_CHARS = 256
+UTF8_MAX_BYTES = 4  # bytes per character at most: longer raw input is refused undecoded
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -33,9 +34,17 @@ class TextHit:
 
 
 def parse_stop_words(values) -> tuple[str, ...]:
-    """The ``stop_words`` input (strings or UTF-8 bytes) -> validated strings."""
+    """The ``stop_words`` input (strings or UTF-8 bytes) -> validated strings.
+
+    The count is checked before any element, an element's byte length before it is decoded.
+    """
+    if len(values) > MAX_STOP_WORDS:
+        raise InvalidRequest(f"stop_words has {len(values)} entries; at most {MAX_STOP_WORDS} allowed")
     words = []
     for i, v in enumerate(values):
+        if isinstance(v, bytes) and len(v) > MAX_STOP_WORD_CHARS * UTF8_MAX_BYTES:
+            raise InvalidRequest(f"stop_words[{i}] is {len(v)} bytes; at most {MAX_STOP_WORD_CHARS} "
+                                 "characters allowed")
         if isinstance(v, bytes):
             try:
                 v = v.decode("utf-8")
@@ -46,8 +55,6 @@ def parse_stop_words(values) -> tuple[str, ...]:
         if len(v) > MAX_STOP_WORD_CHARS:
             raise InvalidRequest(f"stop_words[{i}] has {len(v)} characters; at most {MAX_STOP_WORD_CHARS} allowed")
         words.append(v)
-    if len(words) > MAX_STOP_WORDS:
-        raise InvalidRequest(f"stop_words has {len(words)} entries; at most {MAX_STOP_WORDS} allowed")
     return tuple(dict.fromkeys(words))
 
 

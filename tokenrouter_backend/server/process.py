@@ -27,6 +27,8 @@ from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.install import TritonInstall, prepare_backend_dir, server_environment
 from tokenrouter_backend.server.logs import parse_model_errors, tail
 from tokenrouter_backend.server.ports import LOOPBACK, free_ports
+from tokenrouter_backend.server.probe import http_status
+from tokenrouter_backend.server.restrictions import RESTRICTED_APIS, Restriction
 
 MIB = 1024 * 1024
 # Our largest tensors: a processed distribution over the Qwen2.5 vocabulary (151936 float32)
@@ -55,7 +57,10 @@ class TritonServer:
     ``load_models``, default ``["*"]``, and allow `load_model`/`unload_model`) or ``poll``.
     ``shm_default_bytes``/``shm_growth_bytes``: the Python backend's shared memory per model
     instance (see DEFAULT_SHM_BYTES). ``log_path``: stdout+stderr of the server and its
-    stubs (appended). ``ready_timeout_s``: default of `wait_ready`.
+    stubs (appended). ``ready_timeout_s``: default of `wait_ready`. ``restricted_apis``:
+    Triton APIs that need the admin header (``restrictions.py``; ``()`` opens all), with
+    ``admin_key`` (default ``$TOKENROUTER_ADMIN_KEY``, else random); explicit model control
+    requires ``model-repository`` among them.
     """
 
     def __init__(self, repository: Path | str, *, http_port: int | None = None,
@@ -68,10 +73,15 @@ class TritonServer:
                  ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
                  exit_timeout_s: int = DEFAULT_EXIT_TIMEOUT_S,
                  terminate_with_parent: bool = True,
+                 restricted_apis: Sequence[str] = RESTRICTED_APIS, admin_key: str | None = None,
                  extra_args: Sequence[str] = ()):
         if model_control_mode not in MODEL_CONTROL_MODES:
             raise ValueError(f"model_control_mode must be one of {MODEL_CONTROL_MODES}, "
                              f"got {model_control_mode!r}")
+        self.restriction = Restriction.create(restricted_apis, admin_key)
+        if model_control_mode != "none" and not self.restriction.covers("model-repository"):
+            raise ValueError(f"model_control_mode {model_control_mode!r} lets clients load models: "
+                             "it needs 'model-repository' in restricted_apis")
         self.repository = Path(repository).resolve()
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self.http_port, self.grpc_port, self.metrics_port = self._pick_ports()
@@ -112,6 +122,16 @@ class TritonServer:
         return f"http://{self._client_host}:{self.metrics_port}/metrics"
 
     @property
+    def admin_headers(self) -> dict[str, str]:
+        """The HTTP header a client adds to reach the restricted admin APIs."""
+        return self.restriction.headers
+
+    @property
+    def admin_grpc_headers(self) -> dict[str, str]:
+        """The gRPC metadata a client adds to reach the restricted admin APIs."""
+        return self.restriction.grpc_headers
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
@@ -135,7 +155,9 @@ class TritonServer:
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
+            "--exit-on-error=true", "--strict-readiness=true",
         ]
+        cmd += self.restriction.flags()
         cmd += [f"--load-model={name}" for name in self.load_models]
         return cmd + self.extra_args
 
@@ -259,18 +281,13 @@ class TritonServer:
         return any(p is None for p in self._requested_ports)
 
     def _http_status(self, path: str) -> int | None:
-        try:
-            with urllib.request.urlopen(self.http_url + path, timeout=HEALTH_REQUEST_TIMEOUT_S) as resp:
-                return resp.status
-        except urllib.error.HTTPError as err:
-            return err.code
-        except (urllib.error.URLError, OSError):
-            return None
+        return http_status(self.http_url + path, HEALTH_REQUEST_TIMEOUT_S)
 
     def _repository_call(self, name: str, action: str) -> None:
         url = f"{self.http_url}/v2/repository/models/{name}/{action}"
         request = urllib.request.Request(url, data=b"{}", method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  **self.restriction.headers})
         try:
             with urllib.request.urlopen(request, timeout=self.ready_timeout_s):
                 return

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from tokenrouter_backend.core.branch_auth import BranchGuard, load_key
 from tokenrouter_backend.core.branch_protocol import encode_error, op_from_arrays, result_to_arrays
 from tokenrouter_backend.core.params import parse_config_value
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
@@ -163,6 +164,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.name = args["model_name"]
         self.params = parse_params(config_parameters(args), self.name)
+        self.guard = BranchGuard(self.name, load_key(Path(args["model_repository"])))
         version_dir = Path(args["model_repository"]) / args["model_version"]
         model, model_dir = load_model(self.params, version_dir)
         self.engine = BranchEngine(model, config=self.params.engine, name=self.name)
@@ -181,6 +183,10 @@ class TritonPythonModel:
         responses: list = [None] * len(requests)
         ops, where = [], []
         for i, request in enumerate(requests):
+            refusal = self.guard.refusal(_parameters(request))
+            if refusal is not None:
+                responses[i] = _error(refusal)
+                continue
             try:
                 ops.append(op_from_arrays(lambda name, r=request: _input(r, name)))
                 where.append(i)
@@ -208,6 +214,13 @@ class TritonPythonModel:
     def finalize(self) -> None:
         sessions = self.engine.store.session_count
         pb_utils.Logger.log_info(f"{self.name}: unloading with {sessions} live sessions")
+
+
+def _parameters(request):
+    try:
+        return request.parameters()  # JSON text of the request's parameters
+    except Exception:  # noqa: BLE001 - unreadable parameters carry no key
+        return None
 
 
 def _input(request, name: str):

@@ -8,6 +8,7 @@ router's decoder) are checked here.
 from __future__ import annotations
 
 from tokenrouter_backend.core.block_loop import GenerationRequest
+from tokenrouter_backend.core.input_limits import MAX_STOP_IDS, check_count
 from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.stop_text import Decode, StopText, parse_stop_words
@@ -61,6 +62,7 @@ def parse_request(pb_utils, request, defaults: RouterDefaults, override_mode: Mo
             f"together they must fit the context of {defaults.max_context} tokens"
         )
     stops = input_array(pb_utils, request, STOP_INPUT)
+    check_count(STOP_INPUT, 0 if stops is None else stops.size, MAX_STOP_IDS)
     end_id = input_scalar(pb_utils, request, END_ID_INPUT)
     return GenerationRequest(
         prompt=prompt_ids,

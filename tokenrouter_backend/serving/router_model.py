@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import traceback
+from pathlib import Path
 
 import numpy as np
 
 from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.block_loop import RequestCancelled, generate
+from tokenrouter_backend.core.branch_auth import key_parameters, load_key
 from tokenrouter_backend.core.branch_protocol import BranchError
 from tokenrouter_backend.core.cost_model import MeteredBranch
 from tokenrouter_backend.core.detokenize import Detokenizer, stream_window
@@ -74,9 +76,10 @@ class RouterModel:
         self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
         self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
         self.gate = AdmissionGate(dataclass_from_config(GateConfig, config_parameters(args)))
+        self.branch_auth = key_parameters(load_key(Path(args["model_repository"])))
         timeout_ms = int(self.defaults.branch_timeout_s * 1000)
-        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms),
-                                   self.ops.costs.light)
+        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms,
+                                             parameters=self.branch_auth), self.ops.costs.light)
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
@@ -86,9 +89,10 @@ class RouterModel:
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
         url = resolve_heavy_url(self.defaults.heavy_url)
         if not url:
-            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms)
+            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms, parameters=self.branch_auth)
         self.logger.log_info(f"router: heavy branch is remote at {url}")
-        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s)
+        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s,
+                            parameters=self.branch_auth)
 
     async def execute(self, requests) -> None:
         loop = asyncio.get_running_loop()

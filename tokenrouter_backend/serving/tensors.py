@@ -34,15 +34,6 @@ def input_scalar(pb_utils, request, name: str) -> Any:
     return value
 
 
-def input_strings(pb_utils, request, name: str) -> list[str]:
-    """A BYTES input as a list of strings (empty when absent)."""
-    arr = input_array(pb_utils, request, name)
-    if arr is None:
-        return []
-    return [bytes(v).decode("utf-8", errors="replace") if isinstance(v, (bytes, np.bytes_)) else str(v)
-            for v in arr.reshape(-1)]
-
-
 def error_response(pb_utils, message: str, cancelled: bool = False):
     code = pb_utils.TritonError.CANCELLED if cancelled and hasattr(pb_utils.TritonError, "CANCELLED") else None
     error = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenrouter_backend.core import input_limits
 from tokenrouter_backend.core.detokenize import Detokenizer
-from tokenrouter_backend.core.params import config_value, parse_config_value
+from tokenrouter_backend.core.params import InvalidRequest, config_value, parse_config_value
 from tokenrouter_backend.serving.tensors import (
     config_parameters,
     error_response,
     input_array,
     input_scalar,
-    input_strings,
 )
 
 TOKENIZER_DIR = "tokenizer"
@@ -53,16 +53,22 @@ class PreprocessingModel:
         self.stop_token_ids = [parse_config_value(t, int) for t in params.get("stop_token_ids", "").split(",")
                                if t.strip()]
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.max_input_bytes = input_limits.max_input_bytes_from_config(
+            config_value(params, "max_input_bytes", int, input_limits.DEFAULT_MAX_INPUT_BYTES))
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
 
     def _one(self, request):
         pb = self.pb
-        texts = input_strings(pb, request, "text_input")
-        if not texts or not texts[0].strip():
+        values = input_array(pb, request, "text_input")
+        try:
+            text = input_limits.text_input([] if values is None else values.reshape(-1), self.max_input_bytes)
+        except InvalidRequest as exc:  # before any decoding or tokenizing
+            return error_response(pb, str(exc))
+        if not text.strip():
             return error_response(pb, "text_input must be a non-empty string")
-        ids = self.tokenizer.encode(texts[0]).ids
+        ids = self.tokenizer.encode(text).ids
         if not ids:
             return error_response(pb, "text_input produced no tokens")
         end_id = input_scalar(pb, request, "end_id")

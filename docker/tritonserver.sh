@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# tritonserver with TokenRouter's secure defaults (compose services triton, triton-cpu,
+# heavy, router; docs/security.md). Arguments are passed on to tritonserver.
+#   TOKENROUTER_RESTRICTED_APIS  Triton APIs that need the admin header (comma list;
+#                                default model-repository,model-config,logging,shared-memory,trace;
+#                                "none" opens all, refused with explicit/poll model control)
+#   TOKENROUTER_ADMIN_KEY        the header's value; unset: a random key per start, written
+#                                (mode 0600) to TOKENROUTER_ADMIN_KEY_FILE
+#   TOKENROUTER_ADMIN_KEY_FILE   default ~/tokenrouter-admin.key (the image user's home)
+# HTTP header: tokenrouter-admin-key; gRPC metadata: triton-grpc-protocol-tokenrouter-admin-key.
+set -euo pipefail
+apis=${TOKENROUTER_RESTRICTED_APIS:-model-repository,model-config,logging,shared-memory,trace}
+key_file=${TOKENROUTER_ADMIN_KEY_FILE:-${HOME:-.}/tokenrouter-admin.key}
+flags=(--exit-on-error=true --strict-readiness=true)
+for arg in "$@"; do
+  case "$arg" in
+    --model-control-mode=explicit|--model-control-mode=poll)
+      case ",$apis," in
+        *,model-repository,*) ;;
+        *) echo "tritonserver.sh: $arg lets clients load models; it needs model-repository in" \
+                "TOKENROUTER_RESTRICTED_APIS (now '$apis')" >&2; exit 2 ;;
+      esac ;;
+  esac
+done
+if [ "$apis" != "none" ]; then
+  key=${TOKENROUTER_ADMIN_KEY:-}
+  if [ -z "$key" ]; then
+    key=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
+    (umask 077 && rm -f "$key_file" && printf '%s\n' "$key" > "$key_file")
+    echo "tritonserver.sh: admin APIs ($apis) need the header tokenrouter-admin-key: <the key in $key_file>"
+  fi
+  case "$key" in
+    *[\ ,:=]*) echo "tritonserver.sh: TOKENROUTER_ADMIN_KEY must not contain ' ,:='" >&2; exit 2 ;;
+  esac
+  [ "${#key}" -ge 16 ] || { echo "tritonserver.sh: TOKENROUTER_ADMIN_KEY needs >= 16 characters" >&2; exit 2; }
+  flags+=("--http-restricted-api=$apis:tokenrouter-admin-key=$key"
+          "--grpc-restricted-protocol=$apis:tokenrouter-admin-key=$key")
+fi
+exec "${TRITONSERVER:-tritonserver}" "${flags[@]}" "$@"
