@@ -202,8 +202,9 @@ def test_cancelled_stream_releases_sessions(server, tokenizer):
 
     prompt = ids(tokenizer, PROMPTS[0])
     inputs = []
-    for name, value, dtype, kind in (("INPUT_ID", prompt, np.int32, "INT32"), ("max_tokens", [900], np.int32, "INT32"),
-                                     ("stream", [True], bool, "BOOL"), ("router_mode", [b"verify"], np.object_, "BYTES")):
+    tensors = (("INPUT_ID", prompt, np.int32, "INT32"), ("max_tokens", [900], np.int32, "INT32"),
+               ("stream", [True], bool, "BOOL"), ("router_mode", [b"verify"], np.object_, "BYTES"))
+    for name, value, dtype, kind in tensors:
         arr = np.asarray(value, dtype=dtype).reshape(1, -1)
         t = grpcclient.InferInput(name, list(arr.shape), kind)
         t.set_data_from_numpy(arr)
