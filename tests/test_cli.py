@@ -113,6 +113,24 @@ def test_killed_serve_leaves_no_server(tmp_path):
 
 
 @pytest.mark.triton
+def test_serve_stops_when_a_stub_dies(tmp_path):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "add_one", ADD_ONE_MODEL)
+    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    try:
+        assert any(line.startswith("ready") for line in proc.stdout), proc.stderr.read()
+        stub = next(pid for pid in _server_pids(repo)
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().find(b"/add_one/1/model.py") >= 0)
+        os.kill(stub, signal.SIGKILL)  # as the kernel's OOM killer would
+        _, err = proc.communicate(timeout=SERVE_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and f"Python stub died (pid {stub})" in err, err
+    assert _server_pids(repo) == []
+
+
+@pytest.mark.triton
 def test_serve_exits_nonzero_with_the_failing_models_error(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)

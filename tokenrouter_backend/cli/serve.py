@@ -147,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
             if front is not None and not front.is_running():
                 print("tokenrouter serve: the OpenAI front stopped; stopping", file=sys.stderr)
                 return 1
+            if server.lost_stubs():
+                lost = server.lost_stubs()
+                server.stop()
+                print(f"tokenrouter serve: a model's Python stub died (pid {', '.join(map(str, lost))}); its model "
+                      "would fail every request while Triton still reports ready, so the server stops here "
+                      "(let a supervisor restart it)", file=sys.stderr)
+                return 1
             if not server.is_running():
                 code = server.stop()
                 print(f"tokenrouter serve: tritonserver exited with code {code}; "

@@ -102,6 +102,7 @@ class TritonServer:
         self._log_offset = 0
         self._lock = threading.Lock()
         self.shm_prefix: str | None = None  # the Python backend's shared-memory names (set by command())
+        self._stubs: set[int] = set()  # Python stub pids when the server became ready
 
     # ---- endpoints
     @property
@@ -168,6 +169,7 @@ class TritonServer:
         that called start() ends, so a killed launcher leaves no server behind — call it from
         a long-lived thread (normally the main one).
         """
+        self._stubs = set()
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 raise TritonServerError(f"tritonserver already running (pid {self._proc.pid})")
@@ -206,7 +208,8 @@ class TritonServer:
                 self._fail(f"tritonserver exited with code {code} before it was ready", errors)
             if errors:
                 self._fail("tritonserver could not load every model", errors)
-            if self.is_ready():
+            if self._http_status("/v2/health/ready") == 200:
+                self._stubs = {pid for pid in self.group_pids() if pid != self._proc.pid}
                 return self
             if time.monotonic() > deadline:
                 self._fail(f"tritonserver not ready after {timeout_s:.0f} s", errors)
@@ -249,7 +252,14 @@ class TritonServer:
         return self._proc is not None and self._proc.poll() is None
 
     def is_ready(self) -> bool:
-        return self._http_status("/v2/health/ready") == 200
+        """Triton reports ready AND every Python stub that was there when it became ready
+        still runs: a killed stub leaves its model failing every request while Triton 2.51
+        keeps answering ready."""
+        return self._http_status("/v2/health/ready") == 200 and not self.lost_stubs()
+
+    def lost_stubs(self) -> list[int]:
+        """Stub pids alive at readiness that are gone now (a branch crashed or was OOM-killed)."""
+        return sorted(pid for pid in self._stubs if not _pid_alive(pid))
 
     def group_pids(self) -> list[int]:
         """Live processes of the server's process group (server and its Python stubs)."""
@@ -363,3 +373,12 @@ def remove_shm_regions(prefix: str | None) -> int:
         except OSError:
             pass
     return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    """A live, non-zombie process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError, OSError):
+        return False
