@@ -248,8 +248,8 @@ class RequestHooks:
             self.light_pays = planner.light_pays(self.prompt_tokens, p.max_tokens, a, p.max_block_size,
                                                  p.prefill_chunk_tokens)
         k = planner.best_block(a, p.max_block_size) if self.light_pays else 0
-        if k == 0:  # heavy-only: one token per call when streaming, so none waits for a block
-            return BlockPlan(p, 1 if p.stream else p.block_size, Mode.HEAVY)
+        if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
+            return BlockPlan(p, p.block_size, Mode.HEAVY)
         return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode)
 
     def after_block(self, record: BlockRecord) -> None:
