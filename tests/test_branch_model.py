@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from support.fakes import StubFamily
+from support.fakes import StubFamily, fake_pb_module
 from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_PARAMETER, BranchKeyError
 from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 
@@ -15,29 +15,7 @@ TEST_KEY = "k" * 24
 
 
 def fake_pb_utils():
-    pb = types.ModuleType("triton_python_backend_utils")
-
-    class Tensor:
-        def __init__(self, name, array):
-            self.name, self.array = name, array
-
-        def as_numpy(self):
-            return self.array
-
-    class TritonError:
-        def __init__(self, message):
-            self.msg = message
-
-        def message(self):
-            return self.msg
-
-    class InferenceResponse:
-        def __init__(self, output_tensors, error=None):
-            self.tensors = {t.name: t.array for t in output_tensors}
-            self.error = error
-
-    pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
-    pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req[name]) if name in req else None
+    pb = fake_pb_module()
     pb.MetricFamily = StubFamily
     pb.Logger = types.SimpleNamespace(log_info=print, log_warn=print, log_error=print)
     return pb

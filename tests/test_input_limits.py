@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import types
 
 import numpy as np
 import pytest
 
+from support.fakes import fake_pb_module
 from tokenrouter_backend.core import input_limits
 from tokenrouter_backend.core.input_limits import DEFAULT_MAX_INPUT_BYTES, MIB, text_input
 from tokenrouter_backend.core.params import InvalidRequest
@@ -65,30 +65,7 @@ def test_stop_ids_count_cap():
 
 
 def _fake_pb():
-    pb = types.SimpleNamespace()
-
-    class Tensor:
-        def __init__(self, name, array):
-            self.name, self.array = name, array
-
-        def as_numpy(self):
-            return self.array
-
-    class TritonError:
-        def __init__(self, message):
-            self.msg = message
-
-        def message(self):
-            return self.msg
-
-    class InferenceResponse:
-        def __init__(self, output_tensors, error=None):
-            self.tensors = {t.name: t.array for t in output_tensors}
-            self.error = error
-
-    pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
-    pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req[name]) if name in req else None
-    return pb
+    return fake_pb_module("pb_utils")
 
 
 class SpyTokenizer:

@@ -133,3 +133,36 @@ class StubFamily:
         m = StubMetric(self, labels or {}, buckets)
         self.metrics.append(m)
         return m
+
+
+# ---- a minimal pb_utils (tensors, errors, responses) for glue tests ------------------------
+def fake_pb_module(name: str = "triton_python_backend_utils"):
+    """A module with pb_utils' Tensor, TritonError, InferenceResponse and
+    get_input_tensor_by_name over a dict request {input name: array}."""
+    import types
+
+    pb = types.ModuleType(name)
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    class TritonError:
+        def __init__(self, message):
+            self.msg = message
+
+        def message(self):
+            return self.msg
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.tensors = {t.name: t.array for t in output_tensors}
+            self.error = error
+
+    pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
+    pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req[name]) if name in req else None
+    return pb
+
