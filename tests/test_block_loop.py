@@ -38,7 +38,7 @@ def test_verify_equals_heavy_greedy(block_size, schedule):
         ref, _, _, _ = run(prompt, "heavy")
         out, stats, _, _ = run(prompt, "verify", block_size=block_size, block_schedule=schedule)
         assert out == ref, f"prompt {prompt}"
-        assert stats.generated_tokens == len(out) == stats.light_tokens + stats.heavy_tokens
+        assert stats.generated_tokens == len(out) == stats.light_tokens + stats.heavy_tokens + stats.ngram_tokens
 
 
 def test_verify_accepts_drafts_and_saves_heavy_calls():

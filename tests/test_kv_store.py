@@ -46,7 +46,7 @@ def test_append_truncate_gather_left_pads():
     np.testing.assert_array_equal(k[0, :, 2], kv(1, 1, start=99)[0][0][0, :, 0])
 
 
-def test_growth_doubles_and_keeps_content():
+def test_growth_steps_and_keeps_content():
     store = KVStore(SHAPE)
     s = store.open(1, 0)
     first = kv(1, MIN_CAPACITY)

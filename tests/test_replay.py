@@ -19,7 +19,8 @@ def pair():
 def verify_log(tmp_path):
     rec = Recorder()
     for i, prompt in enumerate(PROMPTS):
-        run_one(prompt, *pair(), hooks=rec, request_id=f"v{i}", router_mode="verify", max_tokens=48)
+        run_one(prompt, *pair(), hooks=rec, request_id=f"v{i}", router_mode="verify", max_tokens=48,
+                ngram_drafts=False)  # replay predicts light routing: n-gram blocks are not in it
     path = tmp_path / "verify.jsonl"
     log = DecisionLog(path)
     for r in rec.records:
@@ -33,7 +34,7 @@ def real_route(threshold):
     agreements = []
     for prompt in PROMPTS:
         out, stats = run_one(prompt, *pair(), router_mode="route", confidence_threshold=threshold, max_tokens=48,
-                              heavy_first=False)
+                             ngram_drafts=False, heavy_first=False)
         light_tokens += stats.light_tokens
         total += stats.generated_tokens
         agreements.append(heavy_agreement(prompt, out, ToyLM()) * len(out))

@@ -4,6 +4,9 @@
         heavy | light : that branch generates the block itself (k tokens per call)
         verify        : light drafts <= k tokens; heavy scores them all in one forward;
                         the agreeing prefix + heavy's own next token are committed
+        n-gram        : (verify / route, when the text so far repeats itself) the tokens that
+                        followed the last occurrence of the latest n tokens are checked by
+                        one heavy forward — no light forward (``ngram.py``)
         route         : light drafts; confident tokens are committed unchecked; at the first
                         unconfident token heavy scores everything it has not seen, rolls
                         back to the first token it strongly rejects, and supplies the token
@@ -23,12 +26,13 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable
 
 import numpy as np
 
 from tokenrouter_backend.core import policy
 from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
+from tokenrouter_backend.core.block_notes import BlockNote, BlockStart
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import BranchResult, Sampling
 from tokenrouter_backend.core.branch_view import BranchView
@@ -37,11 +41,13 @@ from tokenrouter_backend.core.hooks import (
     ACTION_FALLBACK,
     ACTION_HEAVY,
     ACTION_LIGHT,
+    ACTION_NGRAM,
     ACTION_VERIFY,
     BlockHooks,
     BlockRecord,
 )
-from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
+from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM, Mode
+from tokenrouter_backend.core.ngram import NgramDrafter, one_hot
 from tokenrouter_backend.core.params import RouterParams
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.core.stop_text import StopText, first_stop
@@ -76,39 +82,6 @@ class GenerationRequest:
         return frozenset(ends | ({self.end_id} if self.end_id is not None else set()))
 
 
-@dataclass
-class BlockNote:
-    """What the mode functions learnt about the current block (only kept with hooks)."""
-
-    action: str = ""  # ACTION_*; "" = the mode's own (heavy / light block)
-    drafted: Sequence[int] = ()  # light drafts
-    confidence: Sequence[float] = ()  # per drafted token
-    entropy: Sequence[float] = ()  # per drafted token
-    committed_light: int = 0  # drafts that stood
-    heavy_agree: Sequence[bool] = ()  # per drafted token with a known heavy verdict
-    heavy_prob: Sequence[float] = ()  # heavy prob of those tokens
-
-
-@dataclass(frozen=True)
-class BlockStart:
-    """Counters when a block began: its BlockRecord reports the differences."""
-
-    generated: int
-    heavy_calls: int
-    heavy_ms: float
-    heavy_forward_ms: float
-    light_ms: float
-    rolled_back_tokens: int
-    started: float  # time.perf_counter()
-    block: int  # block size planned for it
-
-    @classmethod
-    def of(cls, loop: "BlockLoop") -> "BlockStart":
-        s = loop.stats
-        return cls(loop.generated, s.heavy_calls, s.heavy_ms, s.heavy_forward_ms, s.light_ms,
-                   s.rolled_back_tokens, time.perf_counter(), loop.block)
-
-
 class BlockLoop:
     """Request-scoped state and the per-mode block functions."""
 
@@ -136,6 +109,7 @@ class BlockLoop:
         self.done = False
         self.unvouched_tail: tuple[int, ...] = ()  # route: light's ending tokens cut off, unchecked
         self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p, self.params.random_seed)
+        self.ngram = NgramDrafter(self.params.ngram)
 
     # ---- committing -------------------------------------------------------------------
     @property
@@ -257,9 +231,12 @@ class BlockLoop:
             accepted += await self.heavy_check(unsure, q)
         self.block = policy.next_block_size(p, self.block, len(drafts), accepted)
 
-    async def heavy_check(self, unsure, q) -> int:
-        """One heavy forward over unchecked tokens + unsure drafts; returns drafts accepted."""
-        want_dist = q is not None
+    async def heavy_check(self, unsure, q, want_dist: bool | None = None, source: str = LIGHT) -> int:
+        """One heavy forward over unchecked tokens + unsure drafts; returns drafts accepted.
+
+        ``q``: the drafts' proposal distributions (speculative sampling); None with
+        ``want_dist`` set means deterministic drafts (n-gram): a one-hot q."""
+        want_dist = q is not None if want_dist is None else want_dist
         step = await self.heavy.step(self.tokens, extra=unsure, score_from=self._unvouched_from(),
                                      sampling=self.sampling, return_dist=want_dist)
         hres, first_input = step.result, step.first_scored
@@ -269,16 +246,42 @@ class BlockLoop:
         accepted = 0
         if not self._rollback(list(self.tokens), hres, first_input):
             if want_dist:
+                q = one_hot(unsure, hres.dist.shape[1]) if q is None else q
                 verdict = accept_speculative(unsure, q, hres.dist[-(m + 1) :], self.sampling.seed, len(self.tokens))
             else:
                 verdict = accept_greedy(unsure, hres.tokens[-(m + 1) :])
             self.stats.verify_blocks += 1
             accepted = verdict.accepted
-            self.commit(unsure[:accepted], LIGHT)
+            self.commit(unsure[:accepted], source)
             self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
         return accepted
+
+    async def ngram_block(self, mode: Mode, drafts: list[int]) -> None:
+        """n-gram drafts checked by one heavy forward: verify as light drafts are (lossless),
+        route as unsure drafts (with the unchecked tokens before them)."""
+        d, want_dist = len(drafts), not self.sampling.greedy
+        if mode == Mode.ROUTE:
+            accepted = await self.heavy_check(drafts, None, want_dist=want_dist, source=NGRAM)
+        else:
+            hres = (await self.heavy.step(self.tokens, extra=drafts, score_from=len(self.tokens) - 1,
+                                          sampling=self.sampling, return_dist=want_dist)).result
+            if want_dist:
+                verdict = accept_speculative(drafts, one_hot(drafts, hres.dist.shape[1]), hres.dist[-(d + 1):],
+                                             self.sampling.seed, len(self.tokens))
+            else:
+                verdict = accept_greedy(drafts, hres.tokens[-(d + 1):])
+            self.stats.verify_blocks += 1
+            accepted = verdict.accepted
+            self.commit(drafts[:accepted], NGRAM)
+            self.commit([verdict.next_token], HEAVY)
+        self.stats.ngram_blocks += 1
+        self.stats.ngram_drafts_proposed += d
+        self.stats.ngram_drafts_accepted += accepted
+        self.ngram.update(d, accepted)
+        if self.hooks is not None:
+            self._note = BlockNote(ACTION_NGRAM, ngram_drafted=d, ngram_accepted=accepted)
 
     def _rollback(self, seq: list[int], hres: BranchResult, first_input: int) -> bool:
         """Roll back to the first unvouched token of ``seq`` (the committed tokens + cut-off
@@ -367,6 +370,7 @@ class BlockLoop:
             heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
             heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
             latency_ms=(time.perf_counter() - before.started) * 1e3, committed=self.generated - before.generated,
+            ngram_drafted=n.ngram_drafted, ngram_accepted=n.ngram_accepted,
         )
 
     async def _run_block(self, mode: Mode) -> None:
@@ -380,6 +384,8 @@ class BlockLoop:
             await self.single_branch_block(self.heavy, HEAVY)
         elif mode == Mode.LIGHT:
             await self.single_branch_block(self.light, LIGHT)
+        elif drafts := self.ngram.propose(self.tokens, self.remaining - 1):
+            await self.ngram_block(mode, drafts)
         elif mode == Mode.VERIFY:
             await self.verify_block()
         else:
@@ -415,6 +421,7 @@ class BlockLoop:
         s.generated_tokens = self.generated
         s.light_tokens = self.sources.count(LIGHT)
         s.heavy_tokens = self.sources.count(HEAVY)
+        s.ngram_tokens = self.sources.count(NGRAM)
         if self.params.mode == Mode.ROUTE:
             s.drafts_accepted = s.light_tokens
         s.light_skipped = self.params.mode in (Mode.VERIFY, Mode.ROUTE) and not self.light.opened

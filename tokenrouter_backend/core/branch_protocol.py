@@ -90,6 +90,7 @@ class BranchResult:
     batch_size: int = 1  # sessions in the first batched forward this op was part of
     forward_tokens: int = 0  # padded tokens of all forwards this op took part in (cost model)
     forwards: int = 0  # how many forwards that was
+    reused_tokens: int = 0  # input tokens whose KV the branch's prefix cache supplied
 
 
 class BranchError(RuntimeError):
@@ -160,6 +161,7 @@ TENSOR_OUTPUTS = {
     "batch_size": "batch_size",  # INT32 [1]
     "forward_tokens": "forward_tokens",  # INT32 [1]
     "forwards": "forwards",  # INT32 [1]
+    "reused_tokens": "reused_tokens",  # INT32 [1]
 }
 
 
@@ -236,6 +238,7 @@ def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:
         "batch_size": np.array([[res.batch_size]], dtype=np.int32),
         "forward_tokens": np.array([[res.forward_tokens]], dtype=np.int32),
         "forwards": np.array([[res.forwards]], dtype=np.int32),
+        "reused_tokens": np.array([[res.reused_tokens]], dtype=np.int32),
     }
     return {TENSOR_OUTPUTS[k]: v for k, v in values.items()}
 
@@ -260,4 +263,5 @@ def result_from_arrays(get) -> BranchResult:
         batch_size=int(get(TENSOR_OUTPUTS["batch_size"]).reshape(-1)[0]),
         forward_tokens=optional_int("forward_tokens"),
         forwards=optional_int("forwards"),
+        reused_tokens=optional_int("reused_tokens"),
     )

@@ -112,6 +112,8 @@ class BranchView:
                 self.stats.light_ms += ms
         if self.branch.name == HEAVY:
             self.stats.heavy_forward_ms += result.forward_ms
+            self.stats.heavy_reused_tokens += result.reused_tokens
         else:
             self.stats.light_forward_ms += result.forward_ms
+            self.stats.light_reused_tokens += result.reused_tokens
         return result

@@ -20,6 +20,7 @@ ACTION_HEAVY = "heavy"  # heavy generated the block itself (mode heavy, or draft
 ACTION_VERIFY = "verify"  # light drafted, heavy checked every draft
 ACTION_ACCEPT = "accept"  # route: every draft confident, committed unchecked
 ACTION_FALLBACK = "fallback"  # route: confident prefix committed, heavy called at the first unsure token
+ACTION_NGRAM = "ngram"  # n-gram drafts (copied from earlier text) checked by heavy; no light forward
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class BlockRecord:
     light_ms: float
     latency_ms: float  # whole block, wall
     committed: int  # tokens added to the output by this block (after rollbacks)
+    ngram_drafted: int = 0  # n-gram drafts the heavy model checked (action "ngram")
+    ngram_accepted: int = 0  # of those, how many stood
 
     def verdicts(self) -> list[Verdict]:
         return [

@@ -42,3 +42,4 @@ SCHEDULES = Schedule.values()
 # branch names: Branch.name, RequestStats token sources, the metrics' ``branch`` label
 HEAVY = "heavy"
 LIGHT = "light"
+NGRAM = "ngram"  # token source only: an n-gram draft the heavy model accepted (no branch of its own)

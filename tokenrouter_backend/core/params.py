@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 # MODES, SCHEDULES re-exported: callers validate names against them
 from tokenrouter_backend.core.names import HEAVY, LIGHT, MODES, SCHEDULES, Mode, Schedule  # noqa: F401
+from tokenrouter_backend.core.ngram import NgramSettings
 
 TRUTHY = {"1", "true", "yes", "on"}
 FALSY = {"0", "false", "no", "off"}
@@ -51,6 +52,10 @@ class RouterDefaults:
     prefill_chunk_tokens: int = 256  # a longer branch input is sent in calls of this many tokens
     heavy_first: bool = True  # verify/route: heavy prefills first, its first token is emitted at once
     branch_timeout_s: float = 300.0  # deadline of one branch call (BLS or remote)
+    ngram_drafts: bool = True  # verify/route: propose copies of earlier text before asking the light model
+    ngram_min: int = 3  # shortest suffix an n-gram draft matches
+    ngram_max: int = 5  # longest suffix an n-gram draft matches (tried first)
+    ngram_max_draft: int = 16  # most n-gram tokens one heavy check carries
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":
@@ -86,6 +91,7 @@ class RouterParams:
     prefill_chunk_tokens: int = 256
     heavy_first: bool = True
     allow_degradation: bool = False  # route: this request accepts a lower threshold under overload
+    ngram: NgramSettings = NgramSettings()  # n-gram (prompt-lookup) drafts
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
@@ -120,7 +126,16 @@ class RouterParams:
             prefill_chunk_tokens=_int_in("prefill_chunk_tokens", d.prefill_chunk_tokens, 1, 1 << 20),
             heavy_first=d.heavy_first,
             allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
+            ngram=_ngram_settings(d, pick("ngram_drafts", d.ngram_drafts)),
         )
+
+
+def _ngram_settings(d: RouterDefaults, enabled: Any) -> NgramSettings:
+    low = _int_in("ngram_min", d.ngram_min, 1, 64)
+    high = _int_in("ngram_max", d.ngram_max, low, 64)
+    longest = _int_in("ngram_max_draft", d.ngram_max_draft, 1, 256)
+    return NgramSettings(enabled=_bool("ngram_drafts", enabled), min_n=low, max_n=high, max_draft=longest,
+                         first_draft=min(8, longest))
 
 
 def _name_in(name: str, value: Any, kind: type[Mode] | type[Schedule]):

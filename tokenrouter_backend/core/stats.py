@@ -15,6 +15,7 @@ class RequestStats:
     generated_tokens: int = 0
     light_tokens: int = 0  # generated tokens that came from the light model
     heavy_tokens: int = 0  # generated tokens the heavy model produced itself
+    ngram_tokens: int = 0  # generated tokens that were n-gram drafts (copied text the heavy model accepted)
     light_calls: int = 0
     heavy_calls: int = 0
     drafts_proposed: int = 0
@@ -37,6 +38,11 @@ class RequestStats:
     light_skipped: bool = False  # the cost model kept the light model out of this request
     degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)
     degraded_threshold: float = 0.0  # the lowest such threshold (0 = never degraded)
+    heavy_reused_tokens: int = 0  # input tokens whose KV the heavy branch's prefix cache supplied
+    light_reused_tokens: int = 0  # and the light branch's
+    ngram_blocks: int = 0  # blocks whose drafts were n-gram copies (no light forward)
+    ngram_drafts_proposed: int = 0  # n-gram drafts checked by the heavy model
+    ngram_drafts_accepted: int = 0  # of those, how many stood
 
     @property
     def light_share(self) -> float:

@@ -22,6 +22,7 @@ import numpy as np
 from tokenrouter_backend.core import sampling as smp
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult
 from tokenrouter_backend.engine.kv_store import KVShape, KVStore, Session
+from tokenrouter_backend.engine.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,12 @@ class EngineConfig:
     kv_cache_budget_mb: float = 2048.0  # new sessions are refused above this much KV memory
     max_batch: int = 32  # ops per batched forward; more are run in further forwards
     max_forward_tokens: int = 512  # padded tokens (rows x longest) one forward may carry
+    prefix_cache: bool = True  # share KV blocks of repeated prefixes between sessions
+    prefix_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS  # positions per shared block
 
     def __post_init__(self):
         if (self.max_draft_len < 0 or self.max_batch < 1 or self.session_ttl_s <= 0 or self.kv_cache_budget_mb <= 0
-                or self.max_forward_tokens < 1):
+                or self.max_forward_tokens < 1 or self.prefix_cache_block_tokens < 1):
             raise ValueError(f"invalid EngineConfig {self}")
 
     @property
@@ -52,7 +55,8 @@ class _Work:
     op: BranchOp
     session: Session
     first_scored: int = 0  # input index of the first position that gets logits
-    fed: int = 0  # input tokens already fed
+    fed: int = 0  # input tokens already fed (or taken from the prefix cache)
+    reused: int = 0  # input tokens whose KV came from the prefix cache
     tokens: list = field(default_factory=list)  # per scored chunk / draft step: int32 [rows]
     probs: list = field(default_factory=list)
     entropy: list = field(default_factory=list)
@@ -89,9 +93,10 @@ class BranchEngine:
         self.config = config
         self.name = name
         self.max_len = model.info.max_position_embeddings
+        cache = PrefixCache(config.prefix_cache_block_tokens) if config.prefix_cache else None
         self.store = store or KVStore(KVShape.from_info(model.info), config.session_ttl_s,
                                       config.budget_bytes, name=name,
-                                      arrays=getattr(model, "kv_arrays", None))
+                                      arrays=getattr(model, "kv_arrays", None), prefix_cache=cache)
         self.last_batch_sizes: list[int] = []  # batch size of each forward of the last run()
         self.last_forward_ms: list[float] = []  # and its duration
         self.last_forward_tokens: list[int] = []  # and its padded token count
@@ -160,8 +165,10 @@ class BranchEngine:
         if op.keep_len == 0:
             self.store.admit(op.session_id, need)
         session = self.store.open(op.session_id, op.keep_len)
+        first_scored = n - (op.score_last or n)
+        reused = self.store.attach_prefix(session, op.input_ids, limit=first_scored)
         self.store.reserve(session, need)
-        return _Work(index, op, session, first_scored=n - (op.score_last or n))
+        return _Work(index, op, session, first_scored=first_scored, fed=reused, reused=reused)
 
     # ---- forwards ----------------------------------------------------------------
     def _extend(self, works: list[_Work]) -> None:
@@ -259,7 +266,7 @@ class BranchEngine:
         self.last_forward_tokens.append(tokens)
         self.largest_forward_tokens = max(self.largest_forward_tokens, tokens)
         for b, w in enumerate(works):
-            self.store.append(w.session, new_kv, b, int(news[b]))
+            self.store.append(w.session, new_kv, b, int(news[b]), ids[b])
             w.forward_ms += ms
             w.forward_tokens += tokens
             w.forwards += 1
@@ -301,6 +308,7 @@ class BranchEngine:
             batch_size=w.batch_size,
             forward_tokens=w.forward_tokens,
             forwards=w.forwards,
+            reused_tokens=w.reused,
         )
 
 

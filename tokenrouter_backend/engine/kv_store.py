@@ -1,13 +1,19 @@
 """Per-session KV caches of one branch model: truncate/append, TTL expiry, a byte budget.
 
 A session keeps ONE buffer ``[layers, 2 (key, value), kv_heads, capacity, head_dim]``. Capacity
-grows geometrically (doubling while small, by a quarter once large: amortized O(1) append
-with little slack); truncation only sets the length (rollback is free). The budget admits
+grows geometrically (by a quarter, at least 64 positions: amortized O(1) append with little
+slack); truncation only sets the length (rollback is free). The budget admits
 new sessions only while the bytes in use are below it (``admit``): sessions of live requests
 are never evicted to make room — an idle session goes only when its TTL runs out.
 ``gather`` builds a left-padded batch ``[layers, 2, B, kv_heads, P, head_dim]`` with one
 strided copy per session, whose per-layer slices are the contiguous ``[B, kv_heads, P,
 head_dim]`` past tensors the ONNX model takes. Framework-free (no Triton import).
+
+With a ``PrefixCache`` a session is a chain of shared read-only blocks (``prefix_cache.py``)
+followed by a private tail buffer: at each step the confirmed full blocks of the tail move
+into the cache (or onto an identical cached block), and a session that starts on a
+sequence whose leading blocks are cached takes them instead of computing them
+(``attach_prefix``). ``gather`` copies blocks and tail into the batch as before.
 
 Buffers are numpy arrays by default. A model that keeps its KV on an accelerator (the torch
 runtime, ``torch_lm``) gives the store a ``KVArrays`` of torch tensors on its device at
@@ -24,9 +30,19 @@ from typing import Callable
 import numpy as np
 
 from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
+from tokenrouter_backend.engine.prefix_cache import ROOT_KEY, CachedBlock, PrefixCache, block_key
 
-MIN_CAPACITY = 64  # tokens allocated for a new session
-DOUBLING_LIMIT = 1024  # capacity doubles up to this many tokens, then grows by a quarter
+MIN_CAPACITY = 64  # tokens allocated for a new session; also the smallest growth step
+
+
+def grown_capacity(cap: int, tokens: int, limit: int) -> int:
+    """The capacity a buffer of ``cap`` positions grows to for ``tokens``: by a quarter (at
+    least ``MIN_CAPACITY``) at a time — amortized O(1) appends, at most max(25 %, 64
+    positions) of slack, which the exporter's ``max_live_tokens`` allows for — never beyond
+    ``limit`` (the model's positions) unless ``tokens`` needs it."""
+    while cap < tokens:
+        cap += max(cap // 4, MIN_CAPACITY)
+    return max(min(cap, limit), tokens)
 
 
 @dataclass(frozen=True)
@@ -68,19 +84,28 @@ class KVShape:
 
 
 class Session:
-    """One session's KV buffer, valid length and last use (mutable; owned by the store)."""
+    """One session's KV: shared blocks, then a private tail buffer; its tokens, valid length
+    and last use (mutable; owned by the store)."""
 
-    __slots__ = ("session_id", "buf", "length", "last_use")
+    __slots__ = ("session_id", "buf", "length", "last_use", "blocks", "tokens")
 
     def __init__(self, session_id: int, buf: np.ndarray, now: float):
         self.session_id = session_id
-        self.buf = buf  # [L, 2, H, capacity, D]
-        self.length = 0
+        self.buf = buf  # [L, 2, H, capacity, D]: positions prefix_len .. prefix_len + capacity
+        self.length = 0  # positions held, blocks included
         self.last_use = now
+        self.blocks: list[CachedBlock] = []  # shared read-only prefix (prefix cache on)
+        self.tokens: list[int] = []  # the token of each held position (prefix cache on)
+
+    @property
+    def prefix_len(self) -> int:
+        """Positions held by shared blocks (all blocks have the same size)."""
+        return len(self.blocks) * self.blocks[0].kv.shape[3] if self.blocks else 0
 
     @property
     def capacity(self) -> int:
-        return self.buf.shape[3]
+        """Positions the session can hold without growing its tail."""
+        return self.prefix_len + self.buf.shape[3]
 
     @property
     def nbytes(self) -> int:
@@ -92,8 +117,9 @@ class KVStore:
 
     def __init__(self, shape: KVShape, ttl_s: float = 600.0, budget_bytes: int = 2 << 30,
                  name: str = "branch", clock: Callable[[], float] = time.monotonic,
-                 arrays: KVArrays | None = None):
+                 arrays: KVArrays | None = None, prefix_cache: PrefixCache | None = None):
         self.shape = shape
+        self.prefix_cache = prefix_cache
         self.arrays = arrays or numpy_arrays(shape.dtype)
         self.ttl_s = ttl_s
         self.budget_bytes = budget_bytes
@@ -108,7 +134,14 @@ class KVStore:
     # ---- bookkeeping -------------------------------------------------------------
     @property
     def bytes_in_use(self) -> int:
-        return self._bytes
+        """Private tails plus cached blocks (shared or idle)."""
+        return self._bytes + (self.prefix_cache.bytes if self.prefix_cache else 0)
+
+    @property
+    def session_bytes(self) -> int:
+        """Bytes live sessions hold: their private tails and the blocks they share (once)."""
+        cache = self.prefix_cache
+        return self._bytes + (cache.bytes - cache.idle_bytes if cache else 0)
 
     @property
     def session_count(self) -> int:
@@ -147,20 +180,32 @@ class KVStore:
         """
         if session_id in self._sessions:
             return
-        need = max(tokens, min(MIN_CAPACITY, self.shape.max_len)) * self.shape.bytes_per_token()
-        if self._bytes + need > self.budget_bytes and self._sessions:
+        first = min(MIN_CAPACITY, self.shape.max_len)
+        need = grown_capacity(first, tokens, self.shape.max_len) * self.shape.bytes_per_token()
+        self._make_room(need)
+        if self.bytes_in_use + need > self.budget_bytes and self._sessions:
             self.refused += 1
             mib = 1 << 20
             raise KVBudgetFull(
-                f"{self.name}: KV cache full: {self._bytes / mib:.2f} MiB held by {len(self._sessions)} sessions; "
+                f"{self.name}: KV cache full: {self.bytes_in_use / mib:.2f} MiB held by "
+                f"{len(self._sessions)} sessions; "
                 f"a new session of {tokens} tokens needs {need / mib:.2f} MiB more than kv_cache_budget_mb="
                 f"{self.budget_bytes / mib:g} allows; retry when requests finish")
+
+    def _make_room(self, need: int) -> None:
+        """Evict idle cached blocks until ``need`` more bytes fit the budget (if they can)."""
+        over = self.bytes_in_use + need - self.budget_bytes
+        if over > 0 and self.prefix_cache is not None:
+            self.prefix_cache.evict(over)
 
     def _drop(self, session_id: int) -> bool:
         s = self._sessions.pop(session_id, None)
         if s is None:
             return False
         self._bytes -= s.nbytes
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(s.blocks)
+        s.blocks = []
         return True
 
     # ---- one step ----------------------------------------------------------------
@@ -177,7 +222,9 @@ class KVStore:
             raise BranchError(
                 f"{self.name}: keep_len {keep_len} is outside session {session_id}'s cache of "
                 f"{s.length} tokens (allowed 0..{s.length})")
-        s.length = keep_len
+        self._truncate(s, keep_len)
+        if self.prefix_cache is not None:
+            self._promote(s)
         s.last_use = self.clock()
         self._sessions.move_to_end(session_id)
         return s
@@ -189,39 +236,126 @@ class KVStore:
         s = Session(session_id, buf, self.clock())
         self._sessions[session_id] = s
         self._bytes += s.nbytes
-        self.peak_bytes = max(self.peak_bytes, self._bytes)
+        self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
         return s
 
     def reserve(self, s: Session, tokens: int) -> None:
-        """Make room for ``tokens`` in total (doubling; capped at the model's max length)."""
+        """Make room for ``tokens`` in total (``grown_capacity``)."""
         if tokens <= s.capacity:
             return
-        cap = s.capacity
-        while cap < tokens:
-            cap = cap * 2 if cap < DOUBLING_LIMIT else cap + cap // 4
-        cap = max(min(cap, self.shape.max_len), tokens)
+        base = s.prefix_len
+        self._new_tail(s, grown_capacity(s.buf.shape[3], tokens - base, self.shape.max_len - base))
+
+    def _new_tail(self, s: Session, cap: int) -> None:
+        """Give ``s`` a private tail of ``cap`` positions holding its current tail tokens."""
+        held = s.length - s.prefix_len
         new = self.arrays.empty(tuple(s.buf.shape[:3]) + (cap,) + tuple(s.buf.shape[4:]))
-        new[:, :, :, : s.length] = s.buf[:, :, :, : s.length]
+        new[:, :, :, :held] = s.buf[:, :, :, :held]
         self._bytes += new.nbytes - s.nbytes
-        self.peak_bytes = max(self.peak_bytes, self._bytes)
+        self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
         s.buf = new
 
-    def append(self, s: Session, new_kv: list[tuple[np.ndarray, np.ndarray]], row: int, count: int) -> None:
-        """Append ``count`` tokens of batch row ``row`` of per-layer (key, value) [B, H, S, D].
+    # ---- shared blocks (prefix cache) ----------------------------------------------
+    def _truncate(self, s: Session, keep_len: int) -> None:
+        """Keep the first ``keep_len`` positions; blocks past them are let go (a partly kept
+        block's positions are copied into a new tail)."""
+        if keep_len >= s.prefix_len:
+            s.length = keep_len
+            del s.tokens[keep_len:]
+            return
+        size = s.blocks[0].kv.shape[3]
+        kept = keep_len // size
+        part = s.blocks[kept]
+        old_tail = s.buf
+        s.buf = self.arrays.empty(tuple(old_tail.shape[:3]) + (max(size, MIN_CAPACITY),) + tuple(old_tail.shape[4:]))
+        s.buf[:, :, :, : keep_len - kept * size] = part.kv[:, :, :, : keep_len - kept * size]
+        self._bytes += s.buf.nbytes - old_tail.nbytes
+        self.prefix_cache.release(s.blocks[kept:])
+        del s.blocks[kept:]
+        s.length = keep_len
+        del s.tokens[keep_len:]
+
+    def _promote(self, s: Session) -> None:
+        """Move the tail's full blocks into the cache (or onto identical cached ones)."""
+        cache, size = self.prefix_cache, self.prefix_cache.block_tokens
+        moved = 0
+        while s.length - s.prefix_len >= size:
+            start = s.prefix_len
+            parent = s.blocks[-1].key if s.blocks else ROOT_KEY
+            key = block_key(parent, s.tokens[start:start + size])
+            blk = cache.acquire(key)
+            if blk is None:
+                kv = self.arrays.empty(tuple(s.buf.shape[:3]) + (size,) + tuple(s.buf.shape[4:]))
+                kv[...] = s.buf[:, :, :, moved * size:(moved + 1) * size]
+                blk = cache.insert(key, kv, size * self.shape.bytes_per_token())
+            s.blocks.append(blk)
+            moved += 1
+        if moved:
+            held = s.length - s.prefix_len
+            new = self.arrays.empty(tuple(s.buf.shape[:3]) + (max(MIN_CAPACITY, 2 * held),) + tuple(s.buf.shape[4:]))
+            new[:, :, :, :held] = s.buf[:, :, :, moved * size:moved * size + held]
+            self._bytes += new.nbytes - s.nbytes
+            s.buf = new
+            self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
+
+    def attach_prefix(self, s: Session, input_ids, limit: int) -> int:
+        """Take cached KV for the leading ``input_ids`` of a session with no tail, at most
+        ``limit`` positions: whole blocks shared, then the leading positions of the next
+        block copied when all its tokens are in ``input_ids``. Returns the positions taken
+        (the caller feeds the rest)."""
+        cache = self.prefix_cache
+        if cache is None or s.length != s.prefix_len or limit <= 0:
+            return 0
+        size, got = cache.block_tokens, 0
+        cache.stats.lookup_tokens += len(input_ids)
+        while got + size <= len(input_ids):
+            parent = s.blocks[-1].key if s.blocks else ROOT_KEY
+            chunk = [int(t) for t in input_ids[got:got + size]]
+            key = block_key(parent, chunk)
+            if got + size > limit:  # the caller must feed some of it: copy what it need not
+                blk = cache.peek(key)
+                if blk is not None:
+                    take = limit - got
+                    self.reserve(s, s.length + take)
+                    s.buf[:, :, :, :take] = blk.kv[:, :, :, :take]
+                    s.tokens.extend(chunk[:take])
+                    s.length += take
+                    got += take
+                break
+            blk = cache.acquire(key)
+            if blk is None:
+                break
+            s.blocks.append(blk)
+            s.tokens.extend(chunk)
+            s.length += size
+            got += size
+        cache.stats.hit_tokens += got
+        return got
+
+    def append(self, s: Session, new_kv: list[tuple[np.ndarray, np.ndarray]], row: int, count: int,
+               token_ids=()) -> None:
+        """Append ``count`` tokens (``token_ids``) of batch row ``row`` of per-layer (key, value)
+        [B, H, S, D].
 
         new_kv is of the store's array kind (numpy, or torch on the store's device).
         """
         end = s.length + count
         self.reserve(s, end)
+        lo, hi = s.length - s.prefix_len, end - s.prefix_len
         for layer, (k, v) in enumerate(new_kv):
-            s.buf[layer, 0, :, s.length:end] = k[row, :, :count]
-            s.buf[layer, 1, :, s.length:end] = v[row, :, :count]
+            s.buf[layer, 0, :, lo:hi] = k[row, :, :count]
+            s.buf[layer, 1, :, lo:hi] = v[row, :, :count]
         s.length = end
+        if self.prefix_cache is not None:
+            s.tokens.extend(int(t) for t in token_ids[:count])
+            if len(s.tokens) != end:
+                raise BranchError(f"{self.name}: KV append of {count} positions came with "
+                                  f"{len(token_ids)} token ids (the prefix cache needs each one)")
 
     def gather(self, sessions: list[Session]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Left-padded past for a batch: per layer (key, value) [B, H, P, D], P = longest length."""
         sh = self.shape
-        if len(sessions) == 1 and self.arrays.views_ok:  # no padding: views, no copy
+        if len(sessions) == 1 and self.arrays.views_ok and not sessions[0].blocks:  # views, no copy
             s = sessions[0]
             return [(s.buf[layer, 0, None, :, : s.length], s.buf[layer, 1, None, :, : s.length])
                     for layer in range(sh.num_layers)]
@@ -231,5 +365,10 @@ class KVStore:
             pad = past_len - s.length
             if pad:
                 batch[:, :, b, :, :pad] = 0  # masked out, but must not be NaN garbage
-            batch[:, :, b, :, pad:] = s.buf[:, :, :, : s.length]
+            at = pad
+            for blk in s.blocks:
+                size = blk.kv.shape[3]
+                batch[:, :, b, :, at:at + size] = blk.kv
+                at += size
+            batch[:, :, b, :, at:] = s.buf[:, :, :, : s.length - s.prefix_len]
         return [(batch[layer, 0], batch[layer, 1]) for layer in range(sh.num_layers)]

@@ -42,6 +42,7 @@ class RouterKnobs(BaseModel):
     decision_log: Optional[bool] = None
     dynamic_threshold_quantile: Optional[float] = None
     allow_degradation: Optional[bool] = None
+    ngram_drafts: Optional[bool] = None
 
 
 ROUTER_KNOBS = tuple(RouterKnobs.model_fields)

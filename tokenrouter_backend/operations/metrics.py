@@ -17,7 +17,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from tokenrouter_backend.core.names import HEAVY, LIGHT
+from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM
 from tokenrouter_backend.core.stats import RequestStats
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
@@ -45,6 +45,11 @@ SPECS = (
     MetricSpec("tokenrouter_router_drafts_proposed_total", "Light tokens drafted (verify, route)", COUNTER, MODE_ARM),
     MetricSpec("tokenrouter_router_drafts_accepted_total",
                "Drafted light tokens that stood (verify: accepted by heavy; route: committed)", COUNTER, MODE_ARM),
+    MetricSpec("tokenrouter_router_ngram_drafts_proposed_total", "n-gram drafts (copied from earlier text) "
+               "checked by the heavy model", COUNTER, MODE_ARM),
+    MetricSpec("tokenrouter_router_ngram_drafts_accepted_total", "n-gram drafts that stood", COUNTER, MODE_ARM),
+    MetricSpec("tokenrouter_router_reused_prompt_tokens_total", "Input tokens whose KV a branch's prefix cache "
+               "supplied", COUNTER, MODE_ARM + ("branch",)),
     MetricSpec("tokenrouter_router_branch_calls_total", "Branch calls (BLS) made by the router", COUNTER,
                MODE_ARM + ("branch",)),
     MetricSpec("tokenrouter_router_branch_wait_ms_total",
@@ -103,6 +108,11 @@ def request_updates(stats: RequestStats, arm: str) -> list[Update]:
         ("tokenrouter_router_prompt_tokens_total", base, stats.prompt_tokens),
         ("tokenrouter_router_drafts_proposed_total", base, stats.drafts_proposed),
         ("tokenrouter_router_drafts_accepted_total", base, stats.drafts_accepted),
+        ("tokenrouter_router_generated_tokens_total", {**base, "branch": NGRAM}, stats.ngram_tokens),
+        ("tokenrouter_router_ngram_drafts_proposed_total", base, stats.ngram_drafts_proposed),
+        ("tokenrouter_router_ngram_drafts_accepted_total", base, stats.ngram_drafts_accepted),
+        ("tokenrouter_router_reused_prompt_tokens_total", {**base, "branch": HEAVY}, stats.heavy_reused_tokens),
+        ("tokenrouter_router_reused_prompt_tokens_total", {**base, "branch": LIGHT}, stats.light_reused_tokens),
         ("tokenrouter_router_rollbacks_total", base, stats.rollbacks),
         ("tokenrouter_router_reprefills_total", base, stats.reprefills),
         ("tokenrouter_router_heavy_only_blocks_total", base, stats.heavy_only_blocks),

@@ -46,7 +46,8 @@ class BranchParams:
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
     known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
-             "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype"}
+             "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
+             "prefix_cache", "prefix_cache_block_tokens"}
     for key, value in raw.items():
         if key not in known:
             raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
@@ -65,6 +66,14 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
             raise ValueError(f"{branch}: parameter '{key}' must be >= {low}, got {raw[key]!r}")
         return value
 
+    def flag(key, default):
+        if key not in raw:
+            return default
+        try:
+            return parse_config_value(raw[key], bool)
+        except ValueError:
+            raise ValueError(f"{branch}: parameter '{key}' must be true or false, got {raw[key]!r}") from None
+
     def choice(key, default, allowed):
         value = raw.get(key, default)
         if value not in allowed:
@@ -81,6 +90,8 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         kv_cache_budget_mb=num("kv_cache_budget_mb", float, d.kv_cache_budget_mb, 1e-3),
         max_batch=num("max_batch", int, d.max_batch, 1),
         max_forward_tokens=num("max_forward_tokens", int, d.max_forward_tokens, 1),
+        prefix_cache=flag("prefix_cache", d.prefix_cache),
+        prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
     )
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
                         intra_op_threads=num("intra_op_threads", int, 0, 0), runtime=runtime,
@@ -118,8 +129,9 @@ class BranchMetrics:
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.sessions = _family("tokenrouter_kv_sessions", "Live KV-cache sessions of a branch model",
                                 gauge).Metric(labels)
-        self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's KV-cache sessions",
-                                gauge).Metric(labels)
+        self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's live KV-cache sessions "
+                                "(private tails and the prefix blocks they share)", gauge).Metric(labels)
+        self.cache = PrefixCacheMetrics(labels)
         self.kv_peak = _family("tokenrouter_kv_peak_bytes", "Most bytes a branch model's KV cache held at once",
                                gauge).Metric(labels)
         self.forward_tokens_max = _family("tokenrouter_branch_forward_tokens_max",
@@ -137,7 +149,9 @@ class BranchMetrics:
     def record(self, engine: BranchEngine) -> None:
         store = engine.store
         self.sessions.set(store.session_count)
-        self.kv_bytes.set(store.bytes_in_use)
+        self.kv_bytes.set(store.session_bytes)
+        if store.prefix_cache is not None:
+            self.cache.record(store.prefix_cache)
         self.kv_peak.set(store.peak_bytes)
         self.forward_tokens_max.set(engine.largest_forward_tokens)
         for reason, total in (("ttl", store.expired), ("budget", store.refused)):
@@ -147,6 +161,35 @@ class BranchMetrics:
         for size, ms in zip(engine.last_batch_sizes, engine.last_forward_ms):
             self.batch.observe(size)
             self.forward_ms.observe(ms)
+
+
+class PrefixCacheMetrics:
+    """Prometheus families of one branch's prefix cache (labels {branch})."""
+
+    def __init__(self, labels: dict):
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self.blocks = _family("tokenrouter_prefix_cache_blocks", "KV blocks in a branch's prefix cache "
+                              "(shared by live sessions or idle)", gauge).Metric(labels)
+        self.bytes = _family("tokenrouter_prefix_cache_bytes", "Bytes of a branch's prefix-cache blocks",
+                             gauge).Metric(labels)
+        self.counters = {
+            "lookup_tokens": _family("tokenrouter_prefix_cache_lookup_tokens_total",
+                                     "Input tokens of steps that looked for a cached prefix", counter).Metric(labels),
+            "hit_tokens": _family("tokenrouter_prefix_cache_hit_tokens_total",
+                                  "Input tokens whose KV the prefix cache supplied", counter).Metric(labels),
+            "evicted_blocks": _family("tokenrouter_prefix_cache_evicted_blocks_total",
+                                      "Idle prefix-cache blocks evicted for room", counter).Metric(labels),
+        }
+        self._seen = dict.fromkeys(self.counters, 0)
+
+    def record(self, cache) -> None:
+        self.blocks.set(cache.block_count)
+        self.bytes.set(cache.bytes)
+        for name, metric in self.counters.items():
+            total = getattr(cache.stats, name)
+            if total > self._seen[name]:
+                metric.increment(total - self._seen[name])
+                self._seen[name] = total
 
 
 def _histogram(name: str, description: str, buckets: list, labels: dict):

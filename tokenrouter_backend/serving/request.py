@@ -32,6 +32,7 @@ OPTIONAL_INPUTS = {
     "rollback_window": "rollback_window",
     "draft_confidence_threshold": "draft_confidence_threshold",
     "allow_degradation": "allow_degradation",
+    "ngram_drafts": "ngram_drafts",
 }
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"

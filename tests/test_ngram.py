@@ -1,0 +1,86 @@
+"""n-gram drafts: the lookup, the drafter's back-off, and lossless use in the block loop."""
+from __future__ import annotations
+
+import numpy as np
+from test_block_loop import run
+
+from support.fakes import make_pair
+from tokenrouter_backend.core.ngram import NgramDrafter, NgramSettings, lookup, one_hot
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+
+
+def test_lookup_takes_the_latest_longest_match():
+    seq = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 6, 1, 2, 3]
+    assert lookup(seq, 2, 3, 4) == [9, 9, 5, 2]  # "1 2 3" occurred at 0: the longest suffix wins
+    assert lookup(seq[:-1] + [4], 2, 3, 4) == []  # "2 4" never occurred
+    assert lookup([5, 2, 3, 7, 1, 2, 3, 8, 0, 2, 3], 2, 2, 3) == [8, 0, 2]  # latest of two "2 3"
+    assert lookup([4, 4, 4], 2, 2, 5) == [4]  # only what follows inside the sequence
+    assert lookup([1, 2], 2, 3, 5) == []  # too short to repeat
+    assert lookup([7, 1, 2, 3, 1, 2, 3], 3, 3, 2) == [1, 2]
+
+
+def test_one_hot_is_the_deterministic_proposal():
+    q = one_hot([3, 0], 5)
+    assert q.shape == (2, 5) and q[0, 3] == 1 and q[1, 0] == 1 and q.sum() == 2
+
+
+def test_drafter_grows_halves_and_backs_off():
+    d = NgramDrafter(NgramSettings(first_draft=8, max_draft=16))
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3]
+    assert d.propose(seq, room=100) == [4, 5, 6, 7, 8, 9, 10, 11]
+    d.update(8, 8)
+    assert d.length == 12
+    d.update(12, 0)  # rejected at once: next block goes to the light model
+    assert d.length == 6 and d.propose(seq, room=100) == []
+    assert d.propose(seq, room=3) == [4, 5, 6]
+    assert NgramDrafter(NgramSettings(enabled=False)).propose(seq, 10) == []
+
+
+def test_params_validate_ngram_knobs():
+    p = RouterDefaults().request_params({"ngram_drafts": False})
+    assert not p.ngram.enabled and p.ngram.min_n == 3 and p.ngram.max_n == 5
+    for bad in ({"ngram_min": 0}, {"ngram_min": 4, "ngram_max": 3}, {"ngram_max_draft": 0}):
+        try:
+            RouterDefaults(**bad).request_params({})
+        except InvalidRequest as exc:
+            assert next(iter(bad)) in str(exc) or "ngram_max" in str(exc)
+        else:
+            raise AssertionError(f"{bad} accepted")
+
+
+def copy_prompt():
+    """A prompt holding heavy's own continuation of its last 3 tokens (the toy LM looks at
+    3 tokens): the answer copies the prompt, as a rewrite of given code does."""
+    base = tuple(int(t) for t in np.random.default_rng(3).integers(0, 40, 4))
+    ref, _, _, _ = run(base, "heavy", max_tokens=40, ngram_drafts=False)
+    return tuple(ref[:34]) + (1, 2, 5, 7) + tuple(ref[:3])
+
+
+def test_verify_with_ngram_drafts_equals_heavy_and_saves_light_calls():
+    prompt = copy_prompt()
+    ref, _, _, _ = run(prompt, "heavy", max_tokens=30)
+    out, stats, light, _ = run(prompt, "verify", max_tokens=30)
+    off, stats_off, light_off, _ = run(prompt, "verify", max_tokens=30, ngram_drafts=False)
+    assert out == ref == off
+    assert stats.ngram_blocks > 0 and stats.ngram_drafts_accepted >= 20
+    assert stats.ngram_drafts_accepted <= stats.ngram_drafts_proposed
+    assert stats.generated_tokens == stats.light_tokens + stats.heavy_tokens + stats.ngram_tokens
+    assert stats.ngram_tokens == stats.ngram_drafts_accepted
+    assert light.calls < light_off.calls and stats_off.ngram_blocks == 0
+
+
+def test_route_sends_ngram_drafts_to_heavy():
+    prompt = copy_prompt()
+    ref, _, _, _ = run(prompt, "heavy", max_tokens=30)
+    light, heavy = make_pair()
+    # threshold above 1: no light token may stand unchecked, so route is exact here
+    out, stats, _, _ = run(prompt, "route", light, heavy, max_tokens=30, confidence_threshold=1.5)
+    assert out == ref
+    assert stats.ngram_tokens >= 20 and stats.ngram_drafts_accepted == stats.ngram_tokens
+
+
+def test_sampled_verify_with_ngram_drafts_is_reproducible():
+    prompt = copy_prompt()
+    a, sa, _, _ = run(prompt, "verify", max_tokens=30, temperature=0.3, random_seed=11)
+    b, _, _, _ = run(prompt, "verify", max_tokens=30, temperature=0.3, random_seed=11)
+    assert a == b and len(a) == 30 and sa.ngram_blocks > 0

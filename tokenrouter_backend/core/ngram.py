@@ -1,0 +1,83 @@
+"""n-gram (prompt-lookup) drafts: continue the text the way it continued before.
+
+Output that copies its input — a function rewritten from the prompt, a quoted document,
+JSON echoing the request — is predicted without any model: find the latest earlier place
+where the last n tokens (n from ``ngram_max`` down to ``ngram_min``) occurred in the prompt
+or the answer so far, and propose the tokens that followed it. verify checks these drafts
+with the heavy model exactly as it checks light drafts (lossless; a deterministic proposal
+is a one-hot q for speculative sampling); route sends them all to the heavy model (no light
+model vouched for them).
+
+``NgramDrafter`` keeps one request's adaptive draft length (grows on full acceptance,
+halves on a rejection) and backs off to the light model for a block after an n-gram draft
+the heavy model rejected at once, so a misleading match costs at most one heavy forward.
+Pure numpy, no model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+def lookup(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix
+    of ``tokens`` of length ``max_n`` .. ``min_n``; [] when none occurred."""
+    arr = np.asarray(tokens, dtype=np.int64)
+    length = len(arr)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = arr[length - n:]
+        # start i of an earlier occurrence: arr[i:i+n] == suffix with a continuation i+n < length
+        starts = np.nonzero(arr[: length - n] == suffix[0])[0]
+        for j in range(1, n):
+            starts = starts[arr[starts + j] == suffix[j]]
+        if starts.size:
+            begin = int(starts[-1]) + n
+            return [int(t) for t in arr[begin:begin + k]]
+    return []
+
+
+def one_hot(drafts: Sequence[int], vocab: int) -> np.ndarray:
+    """The proposal distribution of deterministic drafts: q[i] puts all mass on drafts[i]."""
+    q = np.zeros((len(drafts), vocab), dtype=np.float32)
+    q[np.arange(len(drafts)), np.asarray(drafts, dtype=np.int64)] = 1.0
+    return q
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    """One request's n-gram knobs (``RouterParams``)."""
+
+    enabled: bool = True
+    min_n: int = 3  # shortest suffix matched
+    max_n: int = 5  # longest suffix matched (tried first)
+    max_draft: int = 16  # most n-gram tokens one heavy check carries
+    first_draft: int = 8  # draft length of the first n-gram block
+
+
+class NgramDrafter:
+    """A request's n-gram drafts, their adaptive length and the back-off after a miss."""
+
+    def __init__(self, settings: NgramSettings):
+        self.settings = settings
+        self.length = min(settings.first_draft, settings.max_draft)
+        self.backoff = False  # the last n-gram draft was rejected at once: next block uses light
+
+    def propose(self, tokens: Sequence[int], room: int) -> list[int]:
+        """Drafts for the next block (at most ``room``), or [] to use the light model."""
+        s = self.settings
+        if not s.enabled or room < 1:
+            return []
+        if self.backoff:
+            self.backoff = False
+            return []
+        return lookup(tokens, s.min_n, s.max_n, min(self.length, room))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Adapt after the heavy check of ``drafted`` n-gram tokens."""
+        if accepted >= drafted:
+            self.length = min(self.length + 4, self.settings.max_draft)
+        else:
+            self.length = max(2, self.length // 2)
+        self.backoff = accepted == 0
