@@ -49,3 +49,28 @@ def test_markdown_table_has_ratios_to_heavy():
     table = markdown_table(points)
     assert "| verify | 2 | 3.000 | 1.50 | 0.5 / 0.9 | 0.1 / 0.3 | 20 / 90 | 0.9 | - |" in table
     assert "error: boom" in table
+
+
+def _reuse_sample(workload, arm, rnd, kind, ttft, total, tps, text="x", reused=0):
+    from tokenrouter_backend.client.reuse import Sample
+
+    return Sample(workload, arm, rnd, kind, ttft, total, 10, tps, reused, 0, 0, 0, text, {})
+
+
+def test_reuse_tables_pair_cold_with_warm_and_arms_with_heavy():
+    from tokenrouter_backend.client.reuse import copy_table, reuse_table
+
+    s = [_reuse_sample("reuse", "verify", 0, "cold", 40.0, 50.0, 1),
+         _reuse_sample("reuse", "verify", 0, "warm", 4.0, 10.0, 1, reused=1300),
+         _reuse_sample("reuse", "verify", 0, "warm", 8.0, 12.0, 1, reused=1300),
+         _reuse_sample("reuse", "verify", 1, "cold", 20.0, 30.0, 1),
+         _reuse_sample("reuse", "verify", 1, "warm", 2.0, 6.0, 1, reused=1300)]
+    row = reuse_table(s)[0]
+    assert abs(row["warm_over_cold_ttft"] - (6.0 / 40 + 2.0 / 20) / 2) < 1e-9  # per round, then mean
+    assert row["warm_heavy_reused"] == 1300
+    c = [_reuse_sample("copy", "heavy", 0, "copy", 1, 10, 2.0, "a"), _reuse_sample("copy", "verify+ngram", 0, "copy",
+                                                                                   1, 3, 8.0, "a"),
+         _reuse_sample("copy", "verify", 0, "copy", 1, 5, 5.0, "b")]
+    rows = {r["arm"]: r for r in copy_table(c)}
+    assert rows["verify+ngram"]["speedup_vs_heavy"] == 4.0 and rows["verify+ngram"]["identical_to_heavy"] == 1
+    assert rows["verify"]["identical_to_heavy"] == 0
