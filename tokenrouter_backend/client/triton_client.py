@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 MODEL = "tokenrouter"
-KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id")
+KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window")
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile")
 KNOBS_STR = ("router_mode", "block_schedule")

@@ -96,7 +96,7 @@ class BlockLoop:
         self.stats = RequestStats(mode=str(self.params.mode), prompt_tokens=len(request.prompt))
         sid = session_id if session_id is not None else random.getrandbits(63)
         chunk = self.params.prefill_chunk_tokens
-        self.light = BranchView(light, sid, self.stats, chunk)
+        self.light = BranchView(light, sid, self.stats, chunk, kv_window=self.params.light_kv_window)
         self.heavy = BranchView(heavy, sid, self.stats, chunk)
         self.tokens: list[int] = list(request.prompt)
         self.sources: list[str] = []  # branch of each generated token

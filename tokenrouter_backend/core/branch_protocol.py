@@ -21,6 +21,11 @@ tokens. The cache afterwards holds keep_len + n + max(d_done - 1, 0) tokens (the
 drafted token is not fed yet) and ``session_len`` reports it. A new session (keep_len 0)
 is refused with ``KVBudgetFull`` when the branch's KV budget cannot hold it.
 
+With ``kv_window`` W > 0 (set on a session's first step) the session keeps the KV of its
+first ``kv_sink_tokens`` positions and about its last W only; input tokens that would fall
+in between are not computed (``engine/kv_window.py``): results are those of the model
+reading the sequence with its middle cut out, at the same positions.
+
 Choices are greedy (argmax) when ``temperature`` == 0, else sampled from the processed
 distribution (temperature, top_k, top_p) with a generator seeded by (seed, position), so a
 result never depends on what else was in the batch. ``dist`` holds that processed
@@ -69,6 +74,7 @@ class BranchOp:
     return_dist: bool = False
     release: bool = False
     score_last: int = 0  # trailing input positions to score; 0 = all
+    kv_window: int = 0  # keep only the session's sink + last ~kv_window positions; 0 = all (fixed at creation)
 
     @property
     def scored(self) -> int:
@@ -149,6 +155,7 @@ TENSOR_INPUTS = {
     "return_dist": ("return_dist", "TYPE_BOOL"),
     "release": ("release", "TYPE_BOOL"),
     "score_last": ("score_last", "TYPE_INT32"),
+    "kv_window": ("kv_window", "TYPE_INT32"),
 }
 TENSOR_OUTPUTS = {
     "tokens": "tokens",  # INT32 [-1]
@@ -182,6 +189,7 @@ def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
         "return_dist": np.array([[op.return_dist]], dtype=bool),
         "release": np.array([[op.release]], dtype=bool),
         "score_last": np.array([[op.score_last]], dtype=np.int32),
+        "kv_window": np.array([[op.kv_window]], dtype=np.int32),
     }
     return {TENSOR_INPUTS[k][0]: v for k, v in values.items()}
 
@@ -221,6 +229,7 @@ def op_from_arrays(get) -> BranchOp:
         return_dist=bool(scalar("return_dist", False)),
         release=release,
         score_last=int(scalar("score_last", 0)),
+        kv_window=int(scalar("kv_window", 0)),
     )
 
 

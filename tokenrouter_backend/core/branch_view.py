@@ -50,11 +50,12 @@ class BranchView:
     """One branch session of one request."""
 
     def __init__(self, branch: Branch, session_id: int, stats: RequestStats,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_window: int = 0):
         self.branch = branch
         self.session_id = session_id
         self.stats = stats
         self.prefill_chunk = max(1, prefill_chunk)
+        self.kv_window = kv_window  # sent with every call: the branch keeps sink + ~this many positions
         self.cache: list[int] = []  # exactly the tokens in the branch's session
         self.opened = False
 
@@ -90,10 +91,11 @@ class BranchView:
         pos = keep
         while len(seq) - pos > max(self.prefill_chunk, scored):
             size = min(self.prefill_chunk, len(seq) - pos - scored)
-            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:pos + size]), score_last=1))
+            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:pos + size]), score_last=1,
+                                       kv_window=self.kv_window))
             self.cache = seq[:pos + size]
             pos += size
-        op = BranchOp(self.session_id, pos, tuple(seq[pos:]), score_last=scored, **op_fields)
+        op = BranchOp(self.session_id, pos, tuple(seq[pos:]), score_last=scored, kv_window=self.kv_window, **op_fields)
         result = await self._timed(op)
         return Step(result, n, first, scored)
 

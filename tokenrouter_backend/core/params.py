@@ -56,6 +56,7 @@ class RouterDefaults:
     ngram_min: int = 3  # shortest suffix an n-gram draft matches
     ngram_max: int = 5  # longest suffix an n-gram draft matches (tried first)
     ngram_max_draft: int = 16  # most n-gram tokens one heavy check carries
+    light_kv_window: int = 0  # light branch keeps its sink + this many recent positions; 0 = all
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":
@@ -92,6 +93,7 @@ class RouterParams:
     heavy_first: bool = True
     allow_degradation: bool = False  # route: this request accepts a lower threshold under overload
     ngram: NgramSettings = NgramSettings()  # n-gram (prompt-lookup) drafts
+    light_kv_window: int = 0  # light branch KV window (0 = the whole sequence)
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
@@ -127,6 +129,7 @@ class RouterParams:
             heavy_first=d.heavy_first,
             allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
             ngram=_ngram_settings(d, pick("ngram_drafts", d.ngram_drafts)),
+            light_kv_window=_int_in("light_kv_window", pick("light_kv_window", d.light_kv_window), 0, d.max_context),
         )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from tokenrouter_backend.core import sampling as smp
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult
+from tokenrouter_backend.engine import kv_window
 from tokenrouter_backend.engine.kv_store import KVShape, KVStore, Session
 from tokenrouter_backend.engine.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache
 
@@ -36,10 +37,11 @@ class EngineConfig:
     max_forward_tokens: int = 512  # padded tokens (rows x longest) one forward may carry
     prefix_cache: bool = True  # share KV blocks of repeated prefixes between sessions
     prefix_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS  # positions per shared block
+    kv_sink_tokens: int = kv_window.DEFAULT_SINK_TOKENS  # leading positions a step's kv_window always keeps
 
     def __post_init__(self):
         if (self.max_draft_len < 0 or self.max_batch < 1 or self.session_ttl_s <= 0 or self.kv_cache_budget_mb <= 0
-                or self.max_forward_tokens < 1 or self.prefix_cache_block_tokens < 1):
+                or self.max_forward_tokens < 1 or self.prefix_cache_block_tokens < 1 or self.kv_sink_tokens < 0):
             raise ValueError(f"invalid EngineConfig {self}")
 
     @property
@@ -57,6 +59,8 @@ class _Work:
     first_scored: int = 0  # input index of the first position that gets logits
     fed: int = 0  # input tokens already fed (or taken from the prefix cache)
     reused: int = 0  # input tokens whose KV came from the prefix cache
+    skip_at: int = -1  # kv_window: input index where ``skip_len`` inputs are left out
+    skip_len: int = 0
     tokens: list = field(default_factory=list)  # per scored chunk / draft step: int32 [rows]
     probs: list = field(default_factory=list)
     entropy: list = field(default_factory=list)
@@ -71,6 +75,13 @@ class _Work:
     @property
     def remaining(self) -> int:
         return len(self.op.input_ids) - self.fed
+
+    @property
+    def feedable(self) -> int:
+        """Inputs the next forward may take (up to a kv_window skip)."""
+        if self.skip_len and self.fed < self.skip_at:
+            return self.skip_at - self.fed
+        return self.remaining
 
     def last(self, arrays: list) -> float:
         return float(arrays[-1][-1])
@@ -157,18 +168,38 @@ class BranchEngine:
             raise BranchError(f"{self.name}: draft_len {op.draft_len} outside 0..{self.config.max_draft_len}")
         if not 0 <= op.score_last <= n:
             raise BranchError(f"{self.name}: score_last {op.score_last} outside 0..{n} (0 = every input position)")
+        if not 0 <= op.kv_window <= self.max_len:
+            raise BranchError(f"{self.name}: kv_window {op.kv_window} outside 0..{self.max_len} (0 = all positions)")
         if op.keep_len + n > self.max_len:
             raise BranchError(
                 f"{self.name}: session {op.session_id} would hold keep_len {op.keep_len} + {n} new "
                 f"tokens = {op.keep_len + n}, more than the model's {self.max_len} positions")
         need = min(op.keep_len + n + max(op.draft_len - 1, 0), self.max_len)
-        if op.keep_len == 0:
-            self.store.admit(op.session_id, need)
-        session = self.store.open(op.session_id, op.keep_len)
         first_scored = n - (op.score_last or n)
+        sink = self.config.kv_sink_tokens
+        if op.keep_len == 0:
+            fresh = Session(op.session_id, None, 0.0)  # what a new session's window would skip
+            skipped = kv_window.plan(fresh, 0, n, first_scored, op.kv_window, sink).skip
+            self.store.admit(op.session_id, need - skipped)
+        session = self.store.open(op.session_id, op.keep_len)
+        if op.kv_window and session.length == 0 and not session.windowed:
+            kv_window.start(session, sink)
+        window = kv_window.plan(session, op.keep_len, n, first_scored, op.kv_window, sink) if session.windowed \
+            else kv_window.NO_PLAN
+        kv_window.evict(session, window.evict_to)
         reused = self.store.attach_prefix(session, op.input_ids, limit=first_scored)
-        self.store.reserve(session, need)
-        return _Work(index, op, session, first_scored=first_scored, fed=reused, reused=reused)
+        self.store.reserve(session, need - window.skip)
+        work = _Work(index, op, session, first_scored=first_scored, fed=reused, reused=reused,
+                     skip_at=window.skip_at, skip_len=window.skip)
+        self._apply_skip(work)
+        return work
+
+    def _apply_skip(self, w: _Work) -> None:
+        """Leave the window's skipped inputs out once the inputs before them are fed."""
+        if w.skip_len and w.fed == w.skip_at:
+            kv_window.skip(w.session, w.skip_len)
+            w.fed += w.skip_len
+            w.skip_len = 0
 
     # ---- forwards ----------------------------------------------------------------
     def _extend(self, works: list[_Work]) -> None:
@@ -182,6 +213,8 @@ class BranchEngine:
         while pending:
             group = self._next_forward(pending)
             self._feed(group)
+            for w, _ in group:
+                self._apply_skip(w)
             pending = [w for w in pending if w.remaining]
         for w in works:
             w.batch_size = w.batch_size or len(works)
@@ -194,7 +227,7 @@ class BranchEngine:
         group: list[tuple[_Work, int]] = []
         width = 0
         for w in sorted(pending, key=lambda x: x.remaining):
-            chunk = min(w.remaining, budget)
+            chunk = min(w.feedable, budget)
             if group and (len(group) + 1) * max(width, chunk) > budget:
                 break
             group.append((w, chunk))
@@ -242,7 +275,8 @@ class BranchEngine:
         """
         sessions = [w.session for w in works]
         batch = len(sessions)
-        lens = np.array([s.length for s in sessions])
+        lens = np.array([s.entries for s in sessions])  # KV entries (a kv_window drops some positions)
+        seq = np.array([s.length for s in sessions])  # sequence positions
         news = np.array([len(x) for x in ids])
         past_len, new_len = int(lens.max()), int(news.max())
         input_ids = np.zeros((batch, new_len), dtype=np.int64)  # right-padded
@@ -255,7 +289,7 @@ class BranchEngine:
             rows = scored[b] if len(scored[b]) else np.array([news[b] - 1])
             logits_positions[b] = np.concatenate([rows, np.full(keep - len(rows), rows[-1])])
         # padded new positions continue the row's count, clipped to the model's range
-        position_ids = np.minimum(lens[:, None] + np.arange(new_len)[None, :], self.max_len - 1)
+        position_ids = np.minimum(seq[:, None] + np.arange(new_len)[None, :], self.max_len - 1)
         past = self.store.gather(sessions) if past_len else self.model.empty_past(batch)
         t0 = time.perf_counter()
         logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions)

@@ -87,7 +87,7 @@ class Session:
     """One session's KV: shared blocks, then a private tail buffer; its tokens, valid length
     and last use (mutable; owned by the store)."""
 
-    __slots__ = ("session_id", "buf", "length", "last_use", "blocks", "tokens")
+    __slots__ = ("session_id", "buf", "length", "last_use", "blocks", "tokens", "sink", "gap", "windowed")
 
     def __init__(self, session_id: int, buf: np.ndarray, now: float):
         self.session_id = session_id
@@ -96,6 +96,14 @@ class Session:
         self.last_use = now
         self.blocks: list[CachedBlock] = []  # shared read-only prefix (prefix cache on)
         self.tokens: list[int] = []  # the token of each held position (prefix cache on)
+        self.windowed = False  # a KV window (``kv_window.py``): no prefix blocks, positions may be missing
+        self.sink = 0  # windowed: leading positions always kept
+        self.gap = 0  # windowed: positions after the sink whose KV is gone (or was never computed)
+
+    @property
+    def entries(self) -> int:
+        """KV entries held (positions minus the window's gap)."""
+        return self.length - self.gap
 
     @property
     def prefix_len(self) -> int:
@@ -104,7 +112,7 @@ class Session:
 
     @property
     def capacity(self) -> int:
-        """Positions the session can hold without growing its tail."""
+        """Entries the session can hold without growing its tail."""
         return self.prefix_len + self.buf.shape[3]
 
     @property
@@ -223,7 +231,7 @@ class KVStore:
                 f"{self.name}: keep_len {keep_len} is outside session {session_id}'s cache of "
                 f"{s.length} tokens (allowed 0..{s.length})")
         self._truncate(s, keep_len)
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and not s.windowed:
             self._promote(s)
         s.last_use = self.clock()
         self._sessions.move_to_end(session_id)
@@ -241,6 +249,7 @@ class KVStore:
 
     def reserve(self, s: Session, tokens: int) -> None:
         """Make room for ``tokens`` in total (``grown_capacity``)."""
+        tokens -= s.gap  # entries (a window's missing positions take no room)
         if tokens <= s.capacity:
             return
         base = s.prefix_len
@@ -248,7 +257,7 @@ class KVStore:
 
     def _new_tail(self, s: Session, cap: int) -> None:
         """Give ``s`` a private tail of ``cap`` positions holding its current tail tokens."""
-        held = s.length - s.prefix_len
+        held = s.entries - s.prefix_len
         new = self.arrays.empty(tuple(s.buf.shape[:3]) + (cap,) + tuple(s.buf.shape[4:]))
         new[:, :, :, :held] = s.buf[:, :, :, :held]
         self._bytes += new.nbytes - s.nbytes
@@ -259,6 +268,13 @@ class KVStore:
     def _truncate(self, s: Session, keep_len: int) -> None:
         """Keep the first ``keep_len`` positions; blocks past them are let go (a partly kept
         block's positions are copied into a new tail)."""
+        if s.gap and keep_len <= s.sink:  # back inside the sink: every kept position is held
+            s.gap = 0
+        elif s.gap and keep_len < s.sink + s.gap:
+            raise SessionMissing(
+                f"{self.name}: session {s.session_id} keeps positions 0..{s.sink - 1} and "
+                f"{s.sink + s.gap}.. only (kv_window); keep_len {keep_len} needs KV it dropped - start again "
+                "with keep_len 0")
         if keep_len >= s.prefix_len:
             s.length = keep_len
             del s.tokens[keep_len:]
@@ -304,7 +320,7 @@ class KVStore:
         block copied when all its tokens are in ``input_ids``. Returns the positions taken
         (the caller feeds the rest)."""
         cache = self.prefix_cache
-        if cache is None or s.length != s.prefix_len or limit <= 0:
+        if cache is None or s.windowed or s.length != s.prefix_len or limit <= 0:
             return 0
         size, got = cache.block_tokens, 0
         cache.stats.lookup_tokens += len(input_ids)
@@ -341,12 +357,13 @@ class KVStore:
         """
         end = s.length + count
         self.reserve(s, end)
-        lo, hi = s.length - s.prefix_len, end - s.prefix_len
+        lo = s.entries - s.prefix_len
+        hi = lo + count
         for layer, (k, v) in enumerate(new_kv):
             s.buf[layer, 0, :, lo:hi] = k[row, :, :count]
             s.buf[layer, 1, :, lo:hi] = v[row, :, :count]
         s.length = end
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and not s.windowed:
             s.tokens.extend(int(t) for t in token_ids[:count])
             if len(s.tokens) != end:
                 raise BranchError(f"{self.name}: KV append of {count} positions came with "
@@ -357,12 +374,12 @@ class KVStore:
         sh = self.shape
         if len(sessions) == 1 and self.arrays.views_ok and not sessions[0].blocks:  # views, no copy
             s = sessions[0]
-            return [(s.buf[layer, 0, None, :, : s.length], s.buf[layer, 1, None, :, : s.length])
+            return [(s.buf[layer, 0, None, :, : s.entries], s.buf[layer, 1, None, :, : s.entries])
                     for layer in range(sh.num_layers)]
-        past_len = max(s.length for s in sessions)
+        past_len = max(s.entries for s in sessions)
         batch = self.arrays.empty((sh.num_layers, 2, len(sessions), sh.num_kv_heads, past_len, sh.head_dim))
         for b, s in enumerate(sessions):
-            pad = past_len - s.length
+            pad = past_len - s.entries
             if pad:
                 batch[:, :, b, :, :pad] = 0  # masked out, but must not be NaN garbage
             at = pad
@@ -370,5 +387,5 @@ class KVStore:
                 size = blk.kv.shape[3]
                 batch[:, :, b, :, at:at + size] = blk.kv
                 at += size
-            batch[:, :, b, :, at:] = s.buf[:, :, :, : s.length - s.prefix_len]
+            batch[:, :, b, :, at:] = s.buf[:, :, :, : s.entries - s.prefix_len]
         return [(batch[layer, 0], batch[layer, 1]) for layer in range(sh.num_layers)]

@@ -43,6 +43,7 @@ class RouterKnobs(BaseModel):
     dynamic_threshold_quantile: Optional[float] = None
     allow_degradation: Optional[bool] = None
     ngram_drafts: Optional[bool] = None
+    light_kv_window: Optional[int] = None
 
 
 ROUTER_KNOBS = tuple(RouterKnobs.model_fields)

@@ -47,7 +47,7 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
     known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
              "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
-             "prefix_cache", "prefix_cache_block_tokens"}
+             "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens"}
     for key, value in raw.items():
         if key not in known:
             raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
@@ -92,6 +92,7 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         max_forward_tokens=num("max_forward_tokens", int, d.max_forward_tokens, 1),
         prefix_cache=flag("prefix_cache", d.prefix_cache),
         prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
+        kv_sink_tokens=num("kv_sink_tokens", int, d.kv_sink_tokens, 0),
     )
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
                         intra_op_threads=num("intra_op_threads", int, 0, 0), runtime=runtime,

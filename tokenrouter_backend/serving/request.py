@@ -33,6 +33,7 @@ OPTIONAL_INPUTS = {
     "draft_confidence_threshold": "draft_confidence_threshold",
     "allow_degradation": "allow_degradation",
     "ngram_drafts": "ngram_drafts",
+    "light_kv_window": "light_kv_window",
 }
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"

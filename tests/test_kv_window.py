@@ -1,0 +1,92 @@
+"""kv_window: a session keeps sink + recent positions; what falls between is not computed, and
+results are the model's on the sequence with its middle cut out, at the original positions."""
+import numpy as np
+import pytest
+
+from support.fixtures_engine import ToyLM
+from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, SessionMissing
+from tokenrouter_backend.core.sampling import softmax
+from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+
+SINK, WINDOW = 4, 16
+PROMPT = tuple(int(t) for t in np.random.default_rng(2).integers(1, 50, 40))
+
+
+def engine(model=None, **cfg):
+    return BranchEngine(model or ToyLM(max_positions=256), config=EngineConfig(kv_sink_tokens=SINK, **cfg),
+                        name="light")
+
+
+def ok(r):
+    assert not isinstance(r, Exception), r
+    return r
+
+
+def cut_reference(model, ids, keep):
+    """Greedy choice and prob after ``ids`` when only positions in ``keep`` are visible."""
+    pos = np.asarray(keep)
+    x = np.asarray(ids, dtype=np.int64)[pos][None]
+    logits, _ = model.forward(x, np.ones_like(x), pos[None], model.empty_past(1))
+    probs = softmax(logits[0, -1])
+    return int(probs.argmax()), float(probs.max())
+
+
+def test_long_prefill_feeds_sink_and_window_only():
+    model = ToyLM(max_positions=256)
+    eng = engine(model)
+    res = ok(eng.run([BranchOp(1, 0, PROMPT, score_last=1, kv_window=WINDOW)])[0])
+    cut = len(PROMPT) - WINDOW
+    keep = list(range(SINK)) + list(range(cut, len(PROMPT)))
+    token, prob = cut_reference(model, PROMPT, keep)
+    assert int(res.tokens[0]) == token and abs(float(res.token_probs[0]) - prob) < 1e-5
+    assert res.session_len == len(PROMPT)  # positions of the whole sequence
+    s = eng.store.get(1)
+    assert s.entries == SINK + WINDOW and s.gap == cut - SINK
+    assert sum(b * n for b, n in zip(eng.last_batch_sizes, eng.last_forward_tokens)) <= SINK + WINDOW
+    # the next step continues at the sequence's positions over the kept entries
+    nxt = ok(eng.run([BranchOp(1, len(PROMPT), (int(res.tokens[0]),), draft_len=3, kv_window=WINDOW)])[0])
+    seq = list(PROMPT) + [int(res.tokens[0])]
+    token, _ = cut_reference(model, seq, keep + [len(PROMPT)])
+    assert int(nxt.tokens[0]) == token
+
+
+def test_window_longer_than_the_sequence_changes_nothing():
+    a = ok(engine().run([BranchOp(1, 0, PROMPT, draft_len=4, score_last=1, kv_window=64)])[0])
+    b = ok(engine().run([BranchOp(1, 0, PROMPT, draft_len=4, score_last=1)])[0])
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.token_probs, b.token_probs, atol=1e-6)
+
+
+def test_chunked_steps_stay_bounded_and_rollback_into_the_gap_is_refused():
+    eng = engine()
+    rng = np.random.default_rng(4)
+    keep, longest = 0, 0
+    for _ in range(12):  # 12 steps of 8 tokens: 96 positions
+        ids = tuple(int(t) for t in rng.integers(1, 50, 8))
+        res = ok(eng.run([BranchOp(1, keep, ids, score_last=1, kv_window=WINDOW)])[0])
+        keep = res.session_len
+        longest = max(longest, eng.store.get(1).entries)
+    s = eng.store.get(1)
+    assert keep == 96 and s.sink == SINK and s.gap > 0
+    assert longest <= SINK + WINDOW + WINDOW // 4 + 8
+    res = eng.run([BranchOp(1, SINK + 1, (3,), kv_window=WINDOW)])[0]
+    assert isinstance(res, SessionMissing) and "kv_window" in str(res)
+    ok(eng.run([BranchOp(1, 0, PROMPT[:6], score_last=1, kv_window=WINDOW)])[0])  # starting again works
+
+
+def test_kv_window_is_validated():
+    res = engine().run([BranchOp(1, 0, PROMPT, kv_window=-1)])[0]
+    assert isinstance(res, BranchError) and "kv_window -1 outside 0..256" in str(res)
+
+
+@pytest.mark.parametrize("window", [8, 16])
+def test_windowed_sessions_batch_with_full_ones(window):
+    model = ToyLM(max_positions=256)
+    eng = engine(model)
+    ops = [BranchOp(1, 0, PROMPT, score_last=1, kv_window=window), BranchOp(2, 0, PROMPT[:10], score_last=1)]
+    a, b = [ok(r) for r in eng.run(ops)]
+    solo = ok(engine(model).run([BranchOp(2, 0, PROMPT[:10], score_last=1)])[0])
+    assert int(b.tokens[0]) == int(solo.tokens[0])
+    cut = len(PROMPT) - window
+    token, _ = cut_reference(model, PROMPT, list(range(SINK)) + list(range(cut, len(PROMPT))))
+    assert int(a.tokens[0]) == token
