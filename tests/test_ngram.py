@@ -84,3 +84,43 @@ def test_sampled_verify_with_ngram_drafts_is_reproducible():
     a, sa, _, _ = run(prompt, "verify", max_tokens=30, temperature=0.3, random_seed=11)
     b, _, _, _ = run(prompt, "verify", max_tokens=30, temperature=0.3, random_seed=11)
     assert a == b and len(a) == 30 and sa.ngram_blocks > 0
+
+
+def test_answer_cache_follows_an_earlier_answer_while_the_output_does():
+    from tokenrouter_backend.core.answer_cache import AnswerCache, follow
+
+    cache = AnswerCache(entries=2)
+    cache.put((1, 2), (5, 6, 7))
+    cache.put((3,), (8,))
+    assert cache.get((1, 2)) == (5, 6, 7) and cache.get((9,)) == ()
+    cache.put((4,), (1,))  # (3,) was least recently used
+    assert cache.get((3,)) == () and cache.get((1, 2)) and (cache.hits, cache.lookups) == (2, 4)
+    assert follow((5, 6, 7), [5], 5) == [6, 7] and follow((5, 6, 7), [5, 9], 5) == [] and follow((5,), [5], 2) == []
+    assert AnswerCache(0).get((1, 2)) == ()
+
+
+def test_a_repeated_prompt_drafts_its_earlier_answer_losslessly():
+    import asyncio
+
+    from tokenrouter_backend.core.answer_cache import AnswerCache
+    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+
+    cache = AnswerCache()
+    prompt = tuple(range(5, 12))
+    params = RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 40, "ngram_drafts": True})
+
+    def once():
+        light, heavy = make_pair()
+        out = []
+        stats = asyncio.run(generate(GenerationRequest(prompt, params), light, heavy, lambda t, s, f: out.extend(t),
+                                     answers=cache))
+        return out, stats, heavy
+
+    first, s1, h1 = once()
+    second, s2, h2 = once()
+    ref, _, _, _ = run(prompt, "heavy", max_tokens=40)
+    assert first == second == ref
+    assert not s1.answer_cache_hit and s2.answer_cache_hit
+    # every earlier token is drafted and stands; heavy adds one token per check (4 checks of <= 16)
+    assert s2.answer_drafts_accepted == s2.answer_drafts_proposed == 36 and s2.heavy_tokens == 4
+    assert h2.calls < h1.calls / 2

@@ -89,13 +89,26 @@ def warm_up(arms: list[Arm], prompt: Prompt, url: str | None, peers, log) -> Non
             log(f"warm-up {arm.name}: {rec.error}")
 
 
+def prewarm(url: str | None, prompt: Prompt) -> None:
+    """One unrecorded request puts the prompt's KV in both branches' prefix caches, so every
+    Triton arm starts from a cached prompt (otherwise the first arm on a prompt would pay
+    the prefill the later ones skip)."""
+    if url is None:
+        return
+    from .triton_client import generate_grpc
+
+    generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, max_tokens=2, router_mode="verify")
+
+
 def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_tokens: int,
                     url: str | None, peers, log=print, sink: Path | None = None) -> list[RunRecord]:
-    """Prompt-major loop; within a prompt the arm order rotates by one per prompt. Each record
-    is also appended to ``sink`` (JSON lines) at once, so a cut-short run keeps its data."""
+    """Prompt-major loop; within a prompt the arm order rotates by one per prompt (each prompt
+    ``prewarm``-ed first). Each record is also appended to ``sink`` (JSON lines) at once, so a
+    cut-short run keeps its data."""
     records = []
     for rep in range(repeats):
         for i, prompt in enumerate(prompts):
+            prewarm(url, prompt)
             shift = (i + rep) % len(arms)
             for order, arm in enumerate(arms[shift:] + arms[:shift]):
                 rec = run_one(arm, prompt, rep, order, max_tokens, url, peers)

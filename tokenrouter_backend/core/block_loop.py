@@ -26,12 +26,13 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
 from tokenrouter_backend.core import policy
 from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
+from tokenrouter_backend.core.answer_cache import AnswerCache
 from tokenrouter_backend.core.block_notes import BlockNote, BlockStart
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import BranchResult, Sampling
@@ -47,7 +48,7 @@ from tokenrouter_backend.core.hooks import (
     BlockRecord,
 )
 from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM, Mode
-from tokenrouter_backend.core.ngram import NgramDrafter, one_hot
+from tokenrouter_backend.core.ngram import DraftSource, NgramDrafter, one_hot
 from tokenrouter_backend.core.params import RouterParams
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.core.stop_text import StopText, first_stop
@@ -86,7 +87,7 @@ class BlockLoop:
     """Request-scoped state and the per-mode block functions."""
 
     def __init__(self, request: GenerationRequest, light: Branch, heavy: Branch, session_id: int | None = None,
-                 hooks: BlockHooks | None = None, request_id: str = ""):
+                 hooks: BlockHooks | None = None, request_id: str = "", prior: Sequence[int] = ()):
         self.request = request
         self.params = request.params
         self.base_params = request.params  # what the request asked for; hooks may adjust per block
@@ -109,7 +110,8 @@ class BlockLoop:
         self.done = False
         self.unvouched_tail: tuple[int, ...] = ()  # route: light's ending tokens cut off, unchecked
         self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p, self.params.random_seed)
-        self.ngram = NgramDrafter(self.params.ngram)
+        self.ngram = NgramDrafter(self.params.ngram, prior, self.prompt_len)
+        self.stats.answer_cache_hit = bool(prior) and self.params.ngram.enabled
 
     # ---- committing -------------------------------------------------------------------
     @property
@@ -276,9 +278,13 @@ class BlockLoop:
             accepted = verdict.accepted
             self.commit(drafts[:accepted], NGRAM)
             self.commit([verdict.next_token], HEAVY)
-        self.stats.ngram_blocks += 1
-        self.stats.ngram_drafts_proposed += d
-        self.stats.ngram_drafts_accepted += accepted
+        if self.ngram.source == DraftSource.ANSWER:
+            self.stats.answer_drafts_proposed += d
+            self.stats.answer_drafts_accepted += accepted
+        else:
+            self.stats.ngram_blocks += 1
+            self.stats.ngram_drafts_proposed += d
+            self.stats.ngram_drafts_accepted += accepted
         self.ngram.update(d, accepted)
         if self.hooks is not None:
             self._note = BlockNote(ACTION_NGRAM, ngram_drafted=d, ngram_accepted=accepted)
@@ -444,14 +450,18 @@ async def generate(
     session_id: int | None = None,
     hooks: BlockHooks | None = None,
     request_id: str = "",
+    answers: AnswerCache | None = None,
 ) -> RequestStats:
     """Run one request to completion, calling ``emit`` whenever tokens become final.
 
     ``emit(tokens, stats, finished)`` is called with finished=True exactly once, last.
-    Both branch sessions are released whatever happens (error, cancellation).
+    Both branch sessions are released whatever happens (error, cancellation). ``answers``
+    (the decision cache) offers an earlier answer to the same prompt as drafts and keeps
+    this one.
     """
     started = time.perf_counter()
-    loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id)
+    prior = answers.get(request.prompt) if answers is not None else ()
+    loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id, prior=prior)
     try:
         while not loop.done:
             if is_cancelled():
@@ -469,6 +479,8 @@ async def generate(
         if not stats.first_token_ms:
             stats.first_token_ms = stats.total_ms
         await _maybe_await(emit(new, stats, True))
+        if answers is not None:
+            answers.put(request.prompt, loop.tokens[loop.prompt_len:])
         return stats
     finally:
         await loop.release()

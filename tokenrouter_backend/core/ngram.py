@@ -11,14 +11,19 @@ model vouched for them).
 ``NgramDrafter`` keeps one request's adaptive draft length (grows on full acceptance,
 halves on a rejection) and backs off to the light model for a block after an n-gram draft
 the heavy model rejected at once, so a misleading match costs at most one heavy forward.
+Before any lookup it follows the earlier answer to the same prompt, if the decision cache
+has one (``answer_cache.py``).
 Pure numpy, no model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Sequence
 
 import numpy as np
+
+from tokenrouter_backend.core.answer_cache import follow
 
 
 def lookup(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -56,26 +61,46 @@ class NgramSettings:
     first_draft: int = 8  # draft length of the first n-gram block
 
 
-class NgramDrafter:
-    """A request's n-gram drafts, their adaptive length and the back-off after a miss."""
+class DraftSource(str, Enum):
+    """Where a model-free draft came from (``RequestStats`` counts them apart)."""
 
-    def __init__(self, settings: NgramSettings):
+    NGRAM = "ngram"  # the latest earlier occurrence of the text's last n tokens
+    ANSWER = "answer"  # the earlier answer to the same prompt (``answer_cache.py``)
+
+
+class NgramDrafter:
+    """A request's model-free drafts: the earlier answer to its prompt while its output
+    follows it, else n-gram lookups with an adaptive length and a back-off after a miss."""
+
+    def __init__(self, settings: NgramSettings, prior: Sequence[int] = (), prompt_len: int = 0):
         self.settings = settings
         self.length = min(settings.first_draft, settings.max_draft)
         self.backoff = False  # the last n-gram draft was rejected at once: next block uses light
+        self.prior = tuple(prior)  # the earlier answer to this prompt (decision cache)
+        self.prompt_len = prompt_len
+        self.source = DraftSource.NGRAM  # of the last proposal
 
     def propose(self, tokens: Sequence[int], room: int) -> list[int]:
         """Drafts for the next block (at most ``room``), or [] to use the light model."""
         s = self.settings
         if not s.enabled or room < 1:
             return []
+        if self.prior:
+            drafts = follow(self.prior, tokens[self.prompt_len:], min(s.max_draft, room))
+            if drafts:
+                self.source = DraftSource.ANSWER
+                return drafts
+            self.prior = ()  # the answer went another way: the earlier one is no guide any more
         if self.backoff:
             self.backoff = False
             return []
+        self.source = DraftSource.NGRAM
         return lookup(tokens, s.min_n, s.max_n, min(self.length, room))
 
     def update(self, drafted: int, accepted: int) -> None:
         """Adapt after the heavy check of ``drafted`` n-gram tokens."""
+        if self.source == DraftSource.ANSWER:
+            return
         if accepted >= drafted:
             self.length = min(self.length + 4, self.settings.max_draft)
         else:

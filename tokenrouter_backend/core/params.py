@@ -57,6 +57,7 @@ class RouterDefaults:
     ngram_max: int = 5  # longest suffix an n-gram draft matches (tried first)
     ngram_max_draft: int = 16  # most n-gram tokens one heavy check carries
     light_kv_window: int = 0  # light branch keeps its sink + this many recent positions; 0 = all
+    answer_cache_entries: int = 256  # decision cache: earlier answers kept (by prompt) as drafts; 0 = off
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":

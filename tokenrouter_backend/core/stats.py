@@ -43,6 +43,9 @@ class RequestStats:
     ngram_blocks: int = 0  # blocks whose drafts were n-gram copies (no light forward)
     ngram_drafts_proposed: int = 0  # n-gram drafts checked by the heavy model
     ngram_drafts_accepted: int = 0  # of those, how many stood
+    answer_cache_hit: bool = False  # the decision cache held an earlier answer to this prompt
+    answer_drafts_proposed: int = 0  # drafts taken from that answer, checked by the heavy model
+    answer_drafts_accepted: int = 0  # of those, how many stood
 
     @property
     def light_share(self) -> float:

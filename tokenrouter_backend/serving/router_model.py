@@ -19,6 +19,7 @@ import numpy as np
 
 from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
+from tokenrouter_backend.core.answer_cache import AnswerCache
 from tokenrouter_backend.core.block_loop import RequestCancelled, generate
 from tokenrouter_backend.core.branch_auth import key_parameters, load_key
 from tokenrouter_backend.core.branch_protocol import BranchError
@@ -84,6 +85,7 @@ class RouterModel:
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
         self.inflight: set[asyncio.Task] = set()
+        self.answers = AnswerCache(self.defaults.answer_cache_entries)  # the decision cache
 
     def _heavy_branch(self, timeout_ms: int):
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
@@ -117,7 +119,7 @@ class RouterModel:
             held = tokens
             writer = ResponseWriter(pb, sender, gen_request.params.stream)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
-                                   hooks=admission.hooks, request_id=admission.request_id)
+                                   hooks=admission.hooks, request_id=admission.request_id, answers=self.answers)
             self.ops.finish(admission, stats)
             return
         except InvalidRequest as exc:
