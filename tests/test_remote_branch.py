@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from support.fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
+from support.fake_triton_grpc import FakeBranchServer, scripted  # pytest puts tests/ on sys.path
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.branch_protocol import (
     BranchError,
@@ -19,22 +19,6 @@ from tokenrouter_backend.core.branch_protocol import (
 )
 
 FAST = dict(timeout_s=5.0, connect_retries=2, backoff_s=0.05)
-
-
-def scripted(op: BranchOp) -> BranchResult:
-    """Echo-ish: next token = input + 1; a dist when asked."""
-    n = len(op.input_ids)
-    dist = np.full((n, 4), 0.25, dtype=np.float32) if op.return_dist else None
-    return BranchResult(
-        tokens=np.asarray(op.input_ids, dtype=np.int32) + 1,
-        token_probs=np.linspace(0.5, 0.9, n, dtype=np.float32),
-        entropy=np.full(n, 0.125, dtype=np.float32),
-        input_probs=np.full(n - 1, 0.75, dtype=np.float32),
-        session_len=op.keep_len + n,
-        dist=dist,
-        forward_ms=1.5,
-        batch_size=3,
-    )
 
 
 def free_port() -> int:

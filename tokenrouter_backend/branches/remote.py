@@ -9,7 +9,8 @@ Failure handling:
 - every call has a deadline (``timeout_s``); a call past it fails with ``BranchError``;
 - a server that cannot be reached (gRPC UNAVAILABLE) is retried ``connect_retries`` times
   with exponential backoff, each retry on a fresh channel, then fails with a ``BranchError``
-  naming the URL and model. Retrying a step is safe even if the server did run it: a step
+  naming the URL and model (``ServerUnreachable``, which ``heavy_pool`` reads as the server
+  gone). Retrying a step is safe even if the server did run it: a step
   first truncates the session to ``keep_len``, so running it twice leaves the same cache;
 - a remote error whose message reports a missing session (``branch_protocol.is_session_missing``)
   becomes ``SessionMissing``.
@@ -49,8 +50,14 @@ _INPUT_DTYPES = {name: dtype.removeprefix("TYPE_") for name, dtype in TENSOR_INP
 
 
 def resolve_heavy_url(param: str | None) -> str:
-    """The heavy server URL to use: $TOKENROUTER_HEAVY_URL if set, else ``param``; "" = BLS."""
+    """The heavy server URL(s) to use: $TOKENROUTER_HEAVY_URL if set, else ``param``; "" = BLS.
+
+    Several servers are a comma-separated list (``heavy_pool.parse_heavy_urls``)."""
     return (os.environ.get(HEAVY_URL_ENV) or param or "").strip()
+
+
+class ServerUnreachable(BranchError):
+    """The remote server could not be reached (refused, reset, gone) after every retry."""
 
 
 class RemoteBranch(Branch):
@@ -110,12 +117,23 @@ class RemoteBranch(Branch):
                             self.where, attempt + 1, self.connect_retries + 1, _message(exc))
                 await self._drop_client()  # a fresh channel reconnects at once
                 if attempt == self.connect_retries:
-                    raise BranchError(
+                    raise ServerUnreachable(
                         f"{self.where} is unreachable after {attempt + 1} attempts: "
                         f"{_message(exc)}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
         raise AssertionError("unreachable")  # the loop always returns or raises
+
+    async def ready(self, timeout_s: float) -> bool:
+        """Whether the server answers and its model is ready (health API); never raises."""
+        if self._closed:
+            return False
+        try:
+            return bool(await self._get_client().is_model_ready(self.model, client_timeout=timeout_s))
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            log.debug("%s not ready: %s", self.where, _message(exc))
+            await self._drop_client()
+            return False
 
     async def close(self) -> None:
         """Close the gRPC channel; later steps fail with BranchError. Idempotent."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenrouter_backend.branches.bls import BlsBranch
+from tokenrouter_backend.branches.heavy_pool import HeavyPool, PoolConfig, parse_heavy_urls
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.block_loop import RequestCancelled, generate
 from tokenrouter_backend.core.branch_auth import key_parameters, load_key
@@ -80,6 +81,7 @@ class RouterModel:
         timeout_ms = int(self.defaults.branch_timeout_s * 1000)
         self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms,
                                              parameters=self.branch_auth), self.ops.costs.light)
+        self.pool_config = dataclass_from_config(PoolConfig, config_parameters(args), prefix="heavy_pool_")
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
@@ -87,12 +89,24 @@ class RouterModel:
 
     def _heavy_branch(self, timeout_ms: int):
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
-        url = resolve_heavy_url(self.defaults.heavy_url)
-        if not url:
+        urls = parse_heavy_urls(resolve_heavy_url(self.defaults.heavy_url))
+        if not urls:
             return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms, parameters=self.branch_auth)
-        self.logger.log_info(f"router: heavy branch is remote at {url}")
-        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s,
-                            parameters=self.branch_auth)
+        self.logger.log_info(f"router: heavy branch is remote at {', '.join(urls)}")
+        if len(urls) == 1:
+            return RemoteBranch(HEAVY, urls[0], model=self.defaults.heavy_model,
+                                timeout_s=self.defaults.branch_timeout_s, parameters=self.branch_auth)
+        return HeavyPool(HEAVY, urls, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s,
+                         parameters=self.branch_auth, config=self.pool_config)
+
+    def _report_pool(self) -> None:
+        """Per-server heavy pool metrics (counts since the last report, sessions and health now)."""
+        pool = self.heavy.inner
+        if isinstance(pool, HeavyPool) and self.ops.metrics is not None:
+            from tokenrouter_backend.operations.metrics import pool_updates  # noqa: PLC0415 - only with metrics
+
+            c = pool.take_counters()
+            self.ops.metrics.submit(pool_updates(c.calls, c.opened, c.failovers, pool.sessions(), pool.up()))
 
     async def execute(self, requests) -> None:
         loop = asyncio.get_running_loop()
@@ -138,6 +152,7 @@ class RouterModel:
         finally:
             if held:
                 self.gate.leave(held)
+            self._report_pool()
         self.ops.fail(mode, arm or "none", reason)
 
     def _fail(self, sender, message: str, cancelled: bool = False) -> None:
