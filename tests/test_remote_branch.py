@@ -178,3 +178,32 @@ def test_resolve_heavy_url_env_wins(monkeypatch):
     assert resolve_heavy_url(" heavy:8001 ") == "heavy:8001"
     monkeypatch.setenv(HEAVY_URL_ENV, "10.0.0.9:8001")
     assert resolve_heavy_url("heavy:8001") == "10.0.0.9:8001"
+
+
+def test_server_killed_under_concurrent_steps_fails_every_one_by_name():
+    """Concurrent steps share a channel: a failing step must not close it under the others
+    (their awaits would end in asyncio.CancelledError: requests without an answer)."""
+    fake = FakeBranchServer(scripted).start()
+    fake.delay_s = 0.5
+
+    async def scenario():
+        branch = RemoteBranch("heavy", fake.url, timeout_s=10.0, connect_retries=3, backoff_s=0.02)
+        try:
+            tasks = [asyncio.ensure_future(branch.step(BranchOp(i, 0, (1, 2)))) for i in range(12)]
+            await asyncio.sleep(0.2)  # every step is in the server
+            stopper = threading.Thread(target=fake.stop)
+            stopper.start()
+            done, pending = await asyncio.wait(tasks, timeout=8.0)
+            stopper.join()
+            return [t.exception() if not t.cancelled() else asyncio.CancelledError() for t in done], len(pending)
+        finally:
+            await branch.close()
+
+    try:
+        outcomes, pending = run(scenario())
+    finally:
+        fake.stop()
+    assert pending == 0, f"{pending} steps hang after the server died"
+    for exc in outcomes:
+        assert isinstance(exc, BranchError), repr(exc)
+        assert "heavy branch (model 'heavy' at grpc://" in str(exc)

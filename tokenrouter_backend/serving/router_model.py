@@ -146,6 +146,9 @@ class RouterModel:
         except BranchError as exc:
             self.logger.log_error(f"router: request failed in a branch: {exc}")
             self._fail(sender, str(exc))
+        except asyncio.CancelledError:  # the task itself cancelled: still one final response
+            self._fail(sender, "router: request cancelled inside the router (server stopping?)", cancelled=True)
+            raise
         except Exception as exc:  # noqa: BLE001 - one request fails, the server keeps serving
             self.logger.log_error("router: internal error\n" + traceback.format_exc())
             self._fail(sender, f"router internal error: {type(exc).__name__}: {exc}")
