@@ -186,3 +186,20 @@ def test_serve_openai_port_starts_the_front_and_stops_it(tmp_path):
             proc.kill()
     time.sleep(0.5)
     assert _server_pids(repo) == []
+
+
+def test_serve_heavy_url_refuses_a_bad_entry_naming_the_field(tmp_path, capsys):
+    assert cli.main(["serve", "--repository", str(tmp_path), "--heavy-url", "a:1", "--heavy-url", "b"]) == 2
+    err = capsys.readouterr().err
+    assert "heavy_url" in err and "'b'" in err and "1..65535" in err
+
+
+def test_serve_heavy_url_list_reaches_the_router_environment(tmp_path, monkeypatch):
+    from tokenrouter_backend.branches.remote import HEAVY_URL_ENV
+
+    monkeypatch.delenv(HEAVY_URL_ENV, raising=False)
+    monkeypatch.setenv(HEAVY_URL_ENV, "")  # restored by monkeypatch after serve sets it
+    with pytest.raises(AssertionError, match="starts a tritonserver"):  # the unmarked test's start() refuses
+        cli.main(["serve", "--repository", str(tmp_path), "--admin-key-file", str(tmp_path / "admin.key"),
+                  "--heavy-url", "h0:8001, h1:8001", "--heavy-url", "h2:8001"])
+    assert os.environ[HEAVY_URL_ENV] == "h0:8001,h1:8001,h2:8001"

@@ -143,6 +143,25 @@ def test_split_profile_router_reaches_heavy_over_grpc():
     assert services["router"]["depends_on"]["heavy"]["condition"] == "service_healthy"
 
 
+def test_heavy_pool_profile_adds_a_second_heavy_server_the_router_can_list():
+    from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
+
+    cmd = compose_cli() + ["-f", str(COMPOSE_FILE), "--profile", "split", "--profile", "heavy-pool", "config"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "TOKENROUTER_HEAVY_URL": "heavy:8001,heavy-2:8001"})
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    heavy, second = services["heavy"], services["heavy-2"]
+    assert second["command"] == heavy["command"] and second["healthcheck"] == heavy["healthcheck"]
+    assert second["depends_on"]["export"]["condition"] == "service_completed_successfully"
+    assert {p["target"] for p in ports(second)} == TRITON_PORTS
+    assert {p["host_ip"] for p in ports(second)} == {"127.0.0.1"}
+    assert not {p["published"] for p in ports(second)} & {p["published"] for p in ports(heavy)}
+    urls = parse_heavy_urls(services["router"]["environment"]["TOKENROUTER_HEAVY_URL"])
+    assert urls == ("heavy:8001", "heavy-2:8001")
+    assert "heavy-2" not in in_profile(compose_config("split"), "split")  # split alone: one heavy server
+
+
 def test_variables_reach_the_resolved_config():
     env = {"TOKENROUTER_SOURCES": "/data/models", "HEAVY_MODEL": "qwen-1.5b",
            "TRITON_HTTP_PORT": "18000", "TOKENROUTER_HEAVY_URL": "gpu-box:8001",

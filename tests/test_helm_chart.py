@@ -102,3 +102,29 @@ def test_values_switch_sources_front_and_autoscaling():
 def test_bad_values_fail_naming_the_value(values, named):
     with pytest.raises(helm.HelmError, match=named.replace(".", r"\.")):
         render(values)
+
+
+def test_statefulset_pool_gives_every_heavy_pod_an_address_the_router_lists():
+    from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
+
+    docs = render({"heavy": {"pool": "statefulset", "replicas": 3, "autoscaling": {"enabled": False}}})
+    assert ("Deployment", "tr-tokenrouter-heavy") not in docs
+    sts = docs[("StatefulSet", "tr-tokenrouter-heavy")]["spec"]
+    assert sts["replicas"] == 3 and sts["serviceName"] == "tr-tokenrouter-heavy"
+    triton = next(c for c in sts["template"]["spec"]["containers"] if c["name"] == "triton")
+    assert [a for a in triton["args"] if a.startswith("--load-model=")] == ["--load-model=heavy"]
+    service = docs[("Service", "tr-tokenrouter-heavy")]["spec"]
+    assert service["clusterIP"] == "None" and "sessionAffinity" not in service
+    env = {e["name"]: e["value"] for e in container(docs, "router", "triton")["env"]}
+    assert parse_heavy_urls(env["TOKENROUTER_HEAVY_URL"]) == tuple(
+        f"tr-tokenrouter-heavy-{i}.tr-tokenrouter-heavy.ml.svc:8001" for i in range(3))
+    assert not any(kind == "HorizontalPodAutoscaler" for kind, _ in docs)
+
+
+@pytest.mark.parametrize("heavy, named", [
+    ({"pool": "ring"}, "heavy.pool"),
+    ({"pool": "statefulset"}, "heavy.autoscaling.enabled"),
+])
+def test_bad_heavy_pool_values_fail_naming_the_value(heavy, named):
+    with pytest.raises(helm.HelmError, match=named.replace(".", r"\.")):
+        render({"heavy": heavy})

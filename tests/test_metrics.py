@@ -22,9 +22,10 @@ def test_specs_are_well_formed():
     assert len(names) == len(set(names))
     for s in SPECS:
         assert re.fullmatch(r"tokenrouter_router_[a-z0-9_]+", s.name)
-        assert s.name.endswith(("_total", "_ms", "_ratio", "_level", "_threshold", "_active")), s.name
+        units = ("_total", "_ms", "_ratio", "_level", "_threshold", "_active", "_sessions", "_up")
+        assert s.name.endswith(units), s.name
         assert (s.kind == COUNTER) == s.name.endswith("_total")
-        assert set(s.labels) <= {"mode", "arm", "branch", "finish_reason"}
+        assert set(s.labels) <= {"mode", "arm", "branch", "finish_reason", "server"}
         assert bool(s.buckets) == (s.kind == HISTOGRAM)
 
 

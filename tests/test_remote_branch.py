@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from support.fake_triton_grpc import FakeBranchServer  # pytest puts tests/ on sys.path
+from support.fake_triton_grpc import FakeBranchServer, scripted  # pytest puts tests/ on sys.path
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.branch_protocol import (
     BranchError,
@@ -19,22 +19,6 @@ from tokenrouter_backend.core.branch_protocol import (
 )
 
 FAST = dict(timeout_s=5.0, connect_retries=2, backoff_s=0.05)
-
-
-def scripted(op: BranchOp) -> BranchResult:
-    """Echo-ish: next token = input + 1; a dist when asked."""
-    n = len(op.input_ids)
-    dist = np.full((n, 4), 0.25, dtype=np.float32) if op.return_dist else None
-    return BranchResult(
-        tokens=np.asarray(op.input_ids, dtype=np.int32) + 1,
-        token_probs=np.linspace(0.5, 0.9, n, dtype=np.float32),
-        entropy=np.full(n, 0.125, dtype=np.float32),
-        input_probs=np.full(n - 1, 0.75, dtype=np.float32),
-        session_len=op.keep_len + n,
-        dist=dist,
-        forward_ms=1.5,
-        batch_size=3,
-    )
 
 
 def free_port() -> int:
@@ -194,3 +178,32 @@ def test_resolve_heavy_url_env_wins(monkeypatch):
     assert resolve_heavy_url(" heavy:8001 ") == "heavy:8001"
     monkeypatch.setenv(HEAVY_URL_ENV, "10.0.0.9:8001")
     assert resolve_heavy_url("heavy:8001") == "10.0.0.9:8001"
+
+
+def test_server_killed_under_concurrent_steps_fails_every_one_by_name():
+    """Concurrent steps share a channel: a failing step must not close it under the others
+    (their awaits would end in asyncio.CancelledError: requests without an answer)."""
+    fake = FakeBranchServer(scripted).start()
+    fake.delay_s = 0.5
+
+    async def scenario():
+        branch = RemoteBranch("heavy", fake.url, timeout_s=10.0, connect_retries=3, backoff_s=0.02)
+        try:
+            tasks = [asyncio.ensure_future(branch.step(BranchOp(i, 0, (1, 2)))) for i in range(12)]
+            await asyncio.sleep(0.2)  # every step is in the server
+            stopper = threading.Thread(target=fake.stop)
+            stopper.start()
+            done, pending = await asyncio.wait(tasks, timeout=8.0)
+            stopper.join()
+            return [t.exception() if not t.cancelled() else asyncio.CancelledError() for t in done], len(pending)
+        finally:
+            await branch.close()
+
+    try:
+        outcomes, pending = run(scenario())
+    finally:
+        fake.stop()
+    assert pending == 0, f"{pending} steps hang after the server died"
+    for exc in outcomes:
+        assert isinstance(exc, BranchError), repr(exc)
+        assert "heavy branch (model 'heavy' at grpc://" in str(exc)

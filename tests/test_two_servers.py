@@ -2,22 +2,30 @@
 (router, light, pre/post-processing, ensemble) whose router reaches heavy over gRPC through
 its ``heavy_url`` parameter. Output must equal the single-server setup token for token;
 a killed heavy server must fail requests quickly with an error naming the heavy branch and
-URL while the router stays up, and the router must recover when heavy returns on its port.
+URL while the router stays up — also the streams in flight when it dies, each within a
+bound — and the router must recover when heavy returns on its port.
 """
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import signal
 import time
 import urllib.error
-from pathlib import Path
 
 import pytest
 
 from support.branch_calls import branch_call
 from support.serving_helpers import model_stats, router_tokens
+from support.split_setup import (
+    MAX_TOKENS,
+    MODES,
+    PROMPTS,
+    ROUTER_MODELS,
+    InFlight,
+    copy_models,
+    crash,
+    generate_all,
+    set_heavy_url,
+    single_server_reference,
+)
 from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_FILE
 from tokenrouter_backend.core.branch_protocol import BranchOp
 from tokenrouter_backend.server.ports import free_ports
@@ -25,26 +33,9 @@ from tokenrouter_backend.server.process import TritonServer
 
 pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
-PROMPTS = ["def fibonacci(n):\n    ", "import os\nimport sys\n", "class Stack:\n    def __init__(self):\n",
-           "for i in range(10):\n    ", "def add(a, b):\n    return", "raise ValueError("]
-MODES = ("heavy", "verify")
-MAX_TOKENS = 24
 FAIL_FAST_S = 10.0  # RemoteBranch: 4 attempts, backoff 0.25 + 0.5 + 1 s; refused connects are instant
-ROUTER_MODELS = ("router", "light", "preprocessing", "postprocessing", "tokenrouter")
-IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
-
-
-def copy_models(src: Path, dst: Path, models) -> Path:
-    for name in models:
-        shutil.copytree(src / name, dst / name, ignore=IGNORE)
-    return dst
-
-
-def set_heavy_url(router_config: Path, url: str) -> None:
-    text = router_config.read_text()
-    new, n = re.subn(r'(key: "heavy_url" value: \{ string_value: )""', rf'\1"{url}"', text)
-    assert n == 1, "router config lacks the heavy_url parameter"
-    router_config.write_text(new)
+IN_FLIGHT = 6  # streams generating when the heavy server is killed
+LONG_TOKENS = 400  # long enough to still run when the kill comes
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +45,9 @@ def tokenizer(tiny_repository):
     return Tokenizer.from_file(str(tiny_repository / "preprocessing" / "1" / "tokenizer" / "tokenizer.json"))
 
 
-def generate_all(grpc_url: str, tokenizer) -> dict:
-    return {(p, m): router_tokens(grpc_url, tokenizer.encode(p).ids, router_mode=m, max_tokens=MAX_TOKENS)[0]
-            for p in PROMPTS for m in MODES}
-
-
 @pytest.fixture(scope="module")
 def single_server_outputs(tiny_repository, tokenizer, tmp_path_factory):
-    """Reference: the tiny repository served alone (stopped before the split servers start)."""
-    server = TritonServer(tiny_repository, log_path=tmp_path_factory.mktemp("single") / "triton.log")
-    try:
-        server.start()
-        server.wait_ready(120)
-        return generate_all(server.grpc_url, tokenizer)
-    finally:
-        server.stop()
+    return single_server_reference(tiny_repository, tokenizer, tmp_path_factory.mktemp("single"))
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +103,7 @@ def test_killed_heavy_fails_fast_and_router_recovers(split, single_server_output
     heavy, router = split
     prompt = PROMPTS[0]
     ids = tokenizer.encode(prompt).ids
-    os.killpg(heavy.pid, signal.SIGKILL)  # the whole process group, stubs included: a crash
-    heavy.stop()  # reaps it; nothing left to signal
+    crash(heavy)  # the whole process group, stubs included
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as err:
         router_tokens(router.grpc_url, ids, router_mode="verify", max_tokens=MAX_TOKENS)
@@ -143,3 +121,35 @@ def test_killed_heavy_fails_fast_and_router_recovers(split, single_server_output
     for mode in MODES:
         tokens, _ = router_tokens(router.grpc_url, ids, router_mode=mode, max_tokens=MAX_TOKENS)
         assert tokens == single_server_outputs[(prompt, mode)], f"{mode} after recovery differs"
+
+
+def test_heavy_killed_under_load_fails_every_stream_by_name_then_recovers(split, single_server_outputs, tokenizer):
+    heavy, router = split
+    ids = [tokenizer.encode(p).ids for p in PROMPTS]
+    streams = InFlight(router.grpc_url, ids, MODES, LONG_TOKENS, IN_FLIGHT)
+    try:
+        streams.wait_generating(60)
+        t_kill = time.monotonic()
+        crash(heavy)
+        outcomes = streams.outcomes(FAIL_FAST_S + 20)
+        took = [end - t_kill for end in streams.ended_at]
+    finally:
+        streams.close()
+    where = f"heavy branch (model 'heavy' at grpc://127.0.0.1:{heavy.grpc_port})"
+    for tokens, _, error in outcomes:
+        assert tokens is None, f"a stream finished {len(tokens)} tokens without its heavy server"
+        assert where in error, error
+    assert max(took) < FAIL_FAST_S, f"streams failed {min(took):.2f}..{max(took):.2f} s after the kill"
+    print(f"\n{IN_FLIGHT} streams in flight: errors {min(took):.2f}..{max(took):.2f} s after the kill")
+    assert router.is_ready()
+    assert len(router_tokens(router.grpc_url, ids[0], router_mode="light", max_tokens=8)[0]) == 8
+
+    t_start = time.monotonic()
+    heavy.start()  # same ports as before
+    heavy.wait_ready(120)
+    t_ready = time.monotonic()
+    tokens, _ = router_tokens(router.grpc_url, ids[1], router_mode="verify", max_tokens=MAX_TOKENS)
+    t_ok = time.monotonic()
+    assert tokens == single_server_outputs[(PROMPTS[1], "verify")]
+    print(f"restart: heavy ready {t_ready - t_start:.1f} s after start; first request done "
+          f"{t_ok - t_ready:.2f} s after ready")

@@ -1,9 +1,10 @@
-"""A fake Triton gRPC endpoint for RemoteBranch tests: speaks KServe v2 ModelInfer.
+"""A fake Triton gRPC endpoint for RemoteBranch tests: speaks KServe v2 ModelInfer, ModelReady.
 
-It decodes the branch tensors into a ``BranchOp`` (``branch_protocol.op_from_arrays``), asks
-a scripted ``handler(op) -> BranchResult`` (or raises to send an error), and encodes the
-result with ``result_to_arrays``. Runs in grpc's own threads, so tests may start, stop and
-restart it (same port) around ``asyncio.run`` calls.
+ModelReady answers ``ready`` (counted in ``ready_checks``). ModelInfer decodes the branch
+tensors into a ``BranchOp`` (``branch_protocol.op_from_arrays``), asks a scripted
+``handler(op) -> BranchResult`` (``scripted``: next token = input + 1; or raises to send an
+error), and encodes the result with ``result_to_arrays``. Runs in grpc's own threads, so
+tests may start, stop and restart it (same port) around ``asyncio.run`` calls.
 """
 from __future__ import annotations
 
@@ -14,10 +15,26 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tokenrouter_backend.core.branch_protocol import op_from_arrays, result_to_arrays
+from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, op_from_arrays, result_to_arrays
 
 NP_OF = {"UINT64": np.uint64, "INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_}
 TRITON_OF = {np.dtype(v).str: k for k, v in NP_OF.items()}
+
+
+def scripted(op: BranchOp) -> BranchResult:
+    """Echo-ish: next token = input + 1; a dist when asked."""
+    n = len(op.input_ids)
+    dist = np.full((n, 4), 0.25, dtype=np.float32) if op.return_dist else None
+    return BranchResult(
+        tokens=np.asarray(op.input_ids, dtype=np.int32) + 1,
+        token_probs=np.linspace(0.5, 0.9, n, dtype=np.float32),
+        entropy=np.full(n, 0.125, dtype=np.float32),
+        input_probs=np.full(n - 1, 0.75, dtype=np.float32),
+        session_len=op.keep_len + n,
+        dist=dist,
+        forward_ms=1.5,
+        batch_size=3,
+    )
 
 
 class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -47,6 +64,10 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             response.raw_output_contents.append(array.tobytes())
         return response
 
+    def ModelReady(self, request, context):  # noqa: N802 - gRPC method name
+        self.fake.ready_checks += 1
+        return service_pb2.ModelReadyResponse(ready=self.fake.ready)
+
 
 class FakeBranchServer:
     """``with FakeBranchServer(handler) as fake: fake.url`` ; ``stop()``/``start()`` to flap."""
@@ -55,6 +76,8 @@ class FakeBranchServer:
         self.handler = handler
         self.port = port
         self.delay_s = 0.0
+        self.ready = True  # what ModelReady answers
+        self.ready_checks = 0
         self.ops: list = []
         self._server = None
 

@@ -24,8 +24,10 @@ ROUTER_KNOB_TYPES = {
 }
 
 
-def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, **knobs) -> tuple[list[int], dict]:
-    """Call the router model directly (gRPC stream); returns (generated ids, routing stats)."""
+def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, on_response=None, **knobs) -> tuple[list[int], dict]:
+    """Call the router model directly (gRPC stream); returns (generated ids, routing stats).
+
+    ``on_response()`` runs after each response that carried tokens (a test's progress signal)."""
     import tritonclient.grpc as grpcclient
 
     def tensor(name, values, dtype, kind):
@@ -53,6 +55,8 @@ def router_tokens(grpc_url: str, prompt_ids, stop_ids=None, **knobs) -> tuple[li
             window = result.as_numpy("OUTPUT_IDS").reshape(-1).tolist()
             prefix = int(result.as_numpy("PREFIX_LEN").reshape(-1)[0])
             tokens += window[prefix:]
+            if on_response is not None and window[prefix:]:
+                on_response()
             stats = json.loads(result.as_numpy("ROUTING_STATS").reshape(-1)[0])
             if bool(result.as_numpy("IS_FINAL").reshape(-1)[0]):
                 break

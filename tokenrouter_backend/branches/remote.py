@@ -8,8 +8,10 @@ that BLS would call.
 Failure handling:
 - every call has a deadline (``timeout_s``); a call past it fails with ``BranchError``;
 - a server that cannot be reached (gRPC UNAVAILABLE) is retried ``connect_retries`` times
-  with exponential backoff, each retry on a fresh channel, then fails with a ``BranchError``
-  naming the URL and model. Retrying a step is safe even if the server did run it: a step
+  with exponential backoff, each retry on a fresh channel (the old one is closed when the
+  last call using it ends, never under concurrent calls), then fails with a ``BranchError``
+  naming the URL and model (``ServerUnreachable``, which ``heavy_pool`` reads as the server
+  gone). Retrying a step is safe even if the server did run it: a step
   first truncates the session to ``keep_len``, so running it twice leaves the same cache;
 - a remote error whose message reports a missing session (``branch_protocol.is_session_missing``)
   becomes ``SessionMissing``.
@@ -17,6 +19,7 @@ Failure handling:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 
@@ -49,8 +52,14 @@ _INPUT_DTYPES = {name: dtype.removeprefix("TYPE_") for name, dtype in TENSOR_INP
 
 
 def resolve_heavy_url(param: str | None) -> str:
-    """The heavy server URL to use: $TOKENROUTER_HEAVY_URL if set, else ``param``; "" = BLS."""
+    """The heavy server URL(s) to use: $TOKENROUTER_HEAVY_URL if set, else ``param``; "" = BLS.
+
+    Several servers are a comma-separated list (``heavy_pool.parse_heavy_urls``)."""
     return (os.environ.get(HEAVY_URL_ENV) or param or "").strip()
+
+
+class ServerUnreachable(BranchError):
+    """The remote server could not be reached (refused, reset, gone) after every retry."""
 
 
 class RemoteBranch(Branch):
@@ -80,7 +89,7 @@ class RemoteBranch(Branch):
         self.connect_retries = connect_retries
         self.backoff_s = backoff_s
         self.parameters = dict(parameters) if parameters else None  # request parameters: the branch key
-        self._client = None
+        self._current: _Channel | None = None  # the channel new calls use
         self._closed = False
 
     def __repr__(self) -> str:
@@ -96,47 +105,74 @@ class RemoteBranch(Branch):
         inputs, outputs = self._request(op)
         delay = self.backoff_s
         for attempt in range(self.connect_retries + 1):
-            try:
-                response = await self._get_client().infer(
-                    self.model, inputs, outputs=outputs, client_timeout=self.timeout_s,
-                    parameters=self.parameters)
-                return self._result(response)
-            except BranchError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
-                if not _is_unreachable(exc):
-                    raise self._error(exc) from exc
-                log.warning("%s unreachable (attempt %d of %d): %s",
-                            self.where, attempt + 1, self.connect_retries + 1, _message(exc))
-                await self._drop_client()  # a fresh channel reconnects at once
-                if attempt == self.connect_retries:
-                    raise BranchError(
-                        f"{self.where} is unreachable after {attempt + 1} attempts: "
-                        f"{_message(exc)}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF_S)
+            async with self._channel() as channel:
+                try:
+                    response = await channel.client.infer(
+                        self.model, inputs, outputs=outputs, client_timeout=self.timeout_s,
+                        parameters=self.parameters)
+                    return self._result(response)
+                except BranchError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+                    if not _is_unreachable(exc):
+                        raise self._error(exc) from exc
+                    log.warning("%s unreachable (attempt %d of %d): %s",
+                                self.where, attempt + 1, self.connect_retries + 1, _message(exc))
+                    self._retire(channel)  # the next attempt opens a fresh channel, which reconnects at once
+                    if attempt == self.connect_retries:
+                        raise ServerUnreachable(
+                            f"{self.where} is unreachable after {attempt + 1} attempts: "
+                            f"{_message(exc)}") from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
         raise AssertionError("unreachable")  # the loop always returns or raises
 
+    async def ready(self, timeout_s: float) -> bool:
+        """Whether the server answers and its model is ready (health API); never raises."""
+        if self._closed:
+            return False
+        async with self._channel() as channel:
+            try:
+                return bool(await channel.client.is_model_ready(self.model, client_timeout=timeout_s))
+            except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+                log.debug("%s not ready: %s", self.where, _message(exc))
+                self._retire(channel)
+                return False
+
     async def close(self) -> None:
-        """Close the gRPC channel; later steps fail with BranchError. Idempotent."""
+        """Close the gRPC channel (once its calls in flight end); later steps fail. Idempotent."""
         self._closed = True
-        await self._drop_client()
+        channel = self._current
+        if channel is not None:
+            self._retire(channel)
+            if channel.calls == 0:
+                await channel.close()
 
     # ---- helpers -------------------------------------------------------------------
-    def _get_client(self):
-        if self._client is None:
-            import tritonclient.grpc.aio as grpcclient
+    @contextlib.asynccontextmanager
+    async def _channel(self):
+        """The current channel, counted as in use while the block runs.
 
-            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
-        return self._client
+        Concurrent steps share one channel. A channel is retired when a call finds the
+        server unreachable, and closed only when its last call ends: closing it under
+        other calls would cancel them (``asyncio.CancelledError``, not a gRPC error), and
+        their requests would never get an answer.
+        """
+        if self._current is None:
+            self._current = _Channel(self.url)
+        channel = self._current
+        channel.calls += 1
+        try:
+            yield channel
+        finally:
+            channel.calls -= 1
+            if channel.retired and channel.calls == 0:
+                await channel.close()
 
-    async def _drop_client(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                await client.close()
-            except Exception as exc:  # noqa: BLE001 - a broken channel is being discarded
-                log.debug("closing channel to %s: %s", self.url, exc)
+    def _retire(self, channel: "_Channel") -> None:
+        if self._current is channel:
+            self._current = None
+        channel.retired = True
 
     @staticmethod
     def _request(op: BranchOp):
@@ -166,6 +202,24 @@ class RemoteBranch(Branch):
         if any(code in _status(exc) for code in _TIMED_OUT):
             return BranchError(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
         return BranchError(f"{self.where}: {msg}")
+
+
+class _Channel:
+    """One ``tritonclient.grpc.aio`` client and how many calls are using it."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc.aio as grpcclient
+
+        self.url = url
+        self.client = grpcclient.InferenceServerClient(url, channel_args=_channel_args())
+        self.calls = 0
+        self.retired = False
+
+    async def close(self) -> None:
+        try:
+            await self.client.close()
+        except Exception as exc:  # noqa: BLE001 - a broken channel is being discarded
+            log.debug("closing channel to %s: %s", self.url, exc)
 
 
 def _channel_args() -> list[tuple[str, int]]:

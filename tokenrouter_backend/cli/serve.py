@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
+from tokenrouter_backend.branches.remote import HEAVY_URL_ENV
 from tokenrouter_backend.server import paths
 from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.logs import tail
@@ -58,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-key-file", type=Path, default=None,
                         help="where the admin key is written, mode 0600 (default "
                              f"<data>/admin.key); the key is ${ADMIN_KEY_ENV} or random")
+    parser.add_argument("--heavy-url", action="append", default=None, metavar="HOST:PORT",
+                        help="the router's heavy server(s) over gRPC (repeatable or comma list; several = "
+                             f"a heavy pool); sets ${HEAVY_URL_ENV}, which overrides the router's heavy_url "
+                             "(default: unset, the repository's heavy_url)")
     add_openai_arguments(parser)
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
                         help=f"seconds to wait for every model (default {DEFAULT_READY_TIMEOUT_S:.0f})")
@@ -113,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     port = lambda p: None if p == 0 else p  # noqa: E731
     try:
+        if args.heavy_url:
+            os.environ[HEAVY_URL_ENV] = ",".join(parse_heavy_urls(",".join(args.heavy_url)))
         server = TritonServer(repository, http_port=port(args.http_port), grpc_port=port(args.grpc_port),
                               metrics_port=port(args.metrics_port), address=args.address,
                               model_control_mode=args.model_control_mode, load_models=args.load_model,
@@ -141,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         front = start_openai_front(args, repository, server.grpc_url)
         print(f"ready\n  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n"
               f"  metrics {server.metrics_url}" + (f"\n  OpenAI  {front.url}" if front else "")
+              + (f"\n  heavy   {os.environ[HEAVY_URL_ENV]}" if args.heavy_url else "")
               + f"\n  {restricted}", flush=True)
         serving.set()
         while not stop_requested.wait(POLL_INTERVAL_S):

@@ -7,8 +7,9 @@ those is an IPC to the server process), so recording never blocks a request.
 
 Labels are low-cardinality: ``mode`` (heavy|light|verify|route), ``arm`` (see
 ``ab.ARMS``), ``branch`` (heavy|light), ``finish_reason`` (length|end_id|stop_words|
-error|cancelled|invalid). Branch-side metrics (batch sizes, forward latency, KV sessions
-and bytes) belong to the branch models (``serving/branch_model.py``), not here.
+error|cancelled|invalid), ``server`` (a heavy pool's ``host:port``, one per listed
+server). Branch-side metrics (batch sizes, forward latency, KV sessions and bytes) belong
+to the branch models (``serving/branch_model.py``), not here.
 Names end in their unit (``_ms``, ``_tokens``) or ``_total`` for counts.
 """
 from __future__ import annotations
@@ -83,6 +84,16 @@ SPECS = (
     MetricSpec("tokenrouter_router_route_threshold", "Route confidence threshold in force (conservative start)",
                GAUGE, ()),
     MetricSpec("tokenrouter_router_override_active", "1 while the roll-back switch forces a mode", GAUGE, ("mode",)),
+    MetricSpec("tokenrouter_router_heavy_server_calls_total", "Heavy branch calls sent to each heavy server (pool)",
+               COUNTER, ("server",)),
+    MetricSpec("tokenrouter_router_heavy_server_sessions_total", "Heavy sessions placed on each heavy server (pool)",
+               COUNTER, ("server",)),
+    MetricSpec("tokenrouter_router_heavy_server_failovers_total",
+               "Heavy sessions moved away from a heavy server that could not be reached (pool)", COUNTER, ("server",)),
+    MetricSpec("tokenrouter_router_heavy_server_live_sessions", "Heavy sessions pinned to each heavy server (pool)",
+               GAUGE, ("server",)),
+    MetricSpec("tokenrouter_router_heavy_server_up", "1 while a heavy server of the pool counts as up, 0 while down",
+               GAUGE, ("server",)),
     MetricSpec("tokenrouter_router_cost_fixed_ms", "Fitted fixed cost of one branch forward (ms; -1 = not fitted yet)",
                GAUGE, ("branch",)),
     MetricSpec("tokenrouter_router_cost_per_token_ms",
@@ -123,6 +134,19 @@ def request_updates(stats: RequestStats, arm: str) -> list[Update]:
         ("tokenrouter_router_ttft_ms", base, stats.first_token_ms),
         ("tokenrouter_router_e2e_ms", base, stats.total_ms),
     ]
+    return out
+
+
+def pool_updates(calls: dict[str, int], opened: dict[str, int], failovers: dict[str, int],
+                 live: dict[str, int], up: dict[str, bool]) -> list[Update]:
+    """A heavy pool's per-server increments (since the last report) and gauges (now)."""
+    out: list[Update] = []
+    for name, counts in (("tokenrouter_router_heavy_server_calls_total", calls),
+                         ("tokenrouter_router_heavy_server_sessions_total", opened),
+                         ("tokenrouter_router_heavy_server_failovers_total", failovers)):
+        out += [(name, {"server": server}, n) for server, n in counts.items()]
+    out += [("tokenrouter_router_heavy_server_live_sessions", {"server": s}, n) for s, n in live.items()]
+    out += [("tokenrouter_router_heavy_server_up", {"server": s}, int(ok)) for s, ok in up.items()]
     return out
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenrouter_backend.branches.bls import BlsBranch
+from tokenrouter_backend.branches.heavy_pool import HeavyPool, PoolConfig, parse_heavy_urls
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.answer_cache import AnswerCache
 from tokenrouter_backend.core.block_loop import RequestCancelled, generate
@@ -81,6 +82,7 @@ class RouterModel:
         timeout_ms = int(self.defaults.branch_timeout_s * 1000)
         self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms,
                                              parameters=self.branch_auth), self.ops.costs.light)
+        self.pool_config = dataclass_from_config(PoolConfig, config_parameters(args), prefix="heavy_pool_")
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
@@ -89,12 +91,24 @@ class RouterModel:
 
     def _heavy_branch(self, timeout_ms: int):
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
-        url = resolve_heavy_url(self.defaults.heavy_url)
-        if not url:
+        urls = parse_heavy_urls(resolve_heavy_url(self.defaults.heavy_url))
+        if not urls:
             return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms, parameters=self.branch_auth)
-        self.logger.log_info(f"router: heavy branch is remote at {url}")
-        return RemoteBranch(HEAVY, url, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s,
-                            parameters=self.branch_auth)
+        self.logger.log_info(f"router: heavy branch is remote at {', '.join(urls)}")
+        if len(urls) == 1:
+            return RemoteBranch(HEAVY, urls[0], model=self.defaults.heavy_model,
+                                timeout_s=self.defaults.branch_timeout_s, parameters=self.branch_auth)
+        return HeavyPool(HEAVY, urls, model=self.defaults.heavy_model, timeout_s=self.defaults.branch_timeout_s,
+                         parameters=self.branch_auth, config=self.pool_config)
+
+    def _report_pool(self) -> None:
+        """Per-server heavy pool metrics (counts since the last report, sessions and health now)."""
+        pool = self.heavy.inner
+        if isinstance(pool, HeavyPool) and self.ops.metrics is not None:
+            from tokenrouter_backend.operations.metrics import pool_updates  # noqa: PLC0415 - only with metrics
+
+            c = pool.take_counters()
+            self.ops.metrics.submit(pool_updates(c.calls, c.opened, c.failovers, pool.sessions(), pool.up()))
 
     async def execute(self, requests) -> None:
         loop = asyncio.get_running_loop()
@@ -134,12 +148,16 @@ class RouterModel:
         except BranchError as exc:
             self.logger.log_error(f"router: request failed in a branch: {exc}")
             self._fail(sender, str(exc))
+        except asyncio.CancelledError:  # the task itself cancelled: still one final response
+            self._fail(sender, "router: request cancelled inside the router (server stopping?)", cancelled=True)
+            raise
         except Exception as exc:  # noqa: BLE001 - one request fails, the server keeps serving
             self.logger.log_error("router: internal error\n" + traceback.format_exc())
             self._fail(sender, f"router internal error: {type(exc).__name__}: {exc}")
         finally:
             if held:
                 self.gate.leave(held)
+            self._report_pool()
         self.ops.fail(mode, arm or "none", reason)
 
     def _fail(self, sender, message: str, cancelled: bool = False) -> None:

@@ -147,3 +147,29 @@ spec:
           averageValue: {{ .spec.autoscaling.targetAverageValue | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* "true" when every heavy pod gets its own address (heavy.pool = statefulset) */}}
+{{- define "tokenrouter.heavyPerPod" -}}
+{{- $mode := .Values.heavy.pool -}}
+{{- if not (has $mode (list "service" "statefulset")) -}}
+{{- fail (printf "heavy.pool must be service or statefulset; got %q" $mode) -}}
+{{- end -}}
+{{- if and (eq $mode "statefulset") .Values.heavy.autoscaling.enabled -}}
+{{- fail "heavy.pool=statefulset needs heavy.autoscaling.enabled=false: the router's list of heavy servers is fixed when the chart renders (scale with heavy.replicas and an upgrade)" -}}
+{{- end -}}
+{{- eq $mode "statefulset" -}}
+{{- end -}}
+
+{{/* The router's TOKENROUTER_HEAVY_URL: the heavy Service, or every heavy pod's own address */}}
+{{- define "tokenrouter.heavyUrl" -}}
+{{- $name := printf "%s-heavy" (include "tokenrouter.fullname" .) -}}
+{{- if eq (include "tokenrouter.heavyPerPod" .) "true" -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.heavy.replicas) -}}
+{{- $urls = append $urls (printf "%s-%d.%s.%s.svc:%v" $name $i $name $.Release.Namespace $.Values.ports.grpc) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- else -}}
+{{- printf "%s:%v" $name .Values.ports.grpc -}}
+{{- end -}}
+{{- end -}}
