@@ -33,14 +33,17 @@ def set_params(config: Path, **params) -> None:
     config.write_text(text)
 
 
-def repository(tmp_path: Path, tiny_repository: Path, cache: bool) -> Path:
-    out = tmp_path / f"repo-cache-{cache}"
+def repository(tmp_path: Path, tiny_repository: Path, cache: bool, answers: int = 0) -> Path:
+    out = tmp_path / f"repo-cache-{cache}-{answers}"
     shutil.copytree(tiny_repository, out, symlinks=True)
     for branch in ("heavy", "light"):
         set_params(out / branch / "config.pbtxt", prefix_cache=str(cache).lower())
     # cost model off: every verify request uses the light model (on the tiny pair the cost
     # model soon finds the light model does not pay and skips it)
-    set_params(out / "router" / "config.pbtxt", prefill_chunk_tokens=CHUNK, cost_model="false")
+    # decision cache off unless asked: a repeated prompt would draft its earlier answer and
+    # never ask the light model
+    set_params(out / "router" / "config.pbtxt", prefill_chunk_tokens=CHUNK, cost_model="false",
+               answer_cache_entries=answers)
     return out
 
 
@@ -133,3 +136,21 @@ def test_ngram_drafts_change_no_token(tmp_path, tiny_repository, prompts, start_
         assert st_off["ngram_blocks"] == 0
         assert st_on["ngram_drafts_accepted"] <= st_on["ngram_drafts_proposed"]
         assert st_on["generated_tokens"] == st_on["light_tokens"] + st_on["heavy_tokens"] + st_on["ngram_tokens"]
+
+
+def test_decision_cache_and_light_kv_window_change_no_token(tmp_path, tiny_repository, prompts, start_triton):
+    server = start_triton(repository(tmp_path, tiny_repository, cache=True, answers=16))
+    prompt = prompts[1]
+    first, st1 = router_tokens(server.grpc_url, prompt, max_tokens=40, router_mode="verify")
+    again, st2 = router_tokens(server.grpc_url, prompt, max_tokens=40, router_mode="verify")
+    heavy, _ = router_tokens(server.grpc_url, prompt, max_tokens=40, router_mode="heavy")
+    assert first == again == heavy
+    assert not st1["answer_cache_hit"]
+    assert st2["answer_cache_hit"] and st2["answer_drafts_proposed"] > 0
+    assert st2["answer_drafts_accepted"] == st2["answer_drafts_proposed"]  # the same model's own answer
+    assert st2["heavy_calls"] < st1["heavy_calls"]
+    # the light model reading a 160-token prompt through a 32-position window: still lossless
+    windowed, st3 = router_tokens(server.grpc_url, prompts[0], max_tokens=24, router_mode="verify",
+                                  light_kv_window=32, ngram_drafts=False)
+    full, _ = router_tokens(server.grpc_url, prompts[0], max_tokens=24, router_mode="heavy")
+    assert windowed == full and st3["light_calls"] > 0
