@@ -49,8 +49,10 @@ def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, .
 def run_triton(url: str, arm: Arm, prompt: Prompt, max_tokens: int, rec: RunRecord) -> None:
     from .triton_client import generate_grpc
 
+    # every arm runs the same prompt: with the decision cache a later arm would draft an
+    # earlier arm's answer, so no arm may use it
     r = generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, max_tokens=max_tokens,
-                      **arm.knobs)
+                      answer_cache=False, **arm.knobs)
     s = r.stats
     rec.text, rec.tokens, rec.latency_s, rec.ttft_s = r.text, r.tokens, r.latency_s, r.ttft_s
     rec.tokens_per_s, rec.stats = r.tokens_per_s, s
@@ -97,7 +99,8 @@ def prewarm(url: str | None, prompt: Prompt) -> None:
         return
     from .triton_client import generate_grpc
 
-    generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, max_tokens=2, router_mode="verify")
+    generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, max_tokens=2, router_mode="verify",
+                  answer_cache=False)
 
 
 def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_tokens: int,

@@ -17,6 +17,13 @@ running server (streamed gRPC, greedy):
   request per prompt first puts its KV in both branches' prefix caches, so every arm starts
   from a cached prompt (the arms compare generation, not prefill).
 
+* ``window``: long RAG-like prompts in verify mode, the light branch with its whole KV and
+  with ``light_kv_window`` (arms alternate first): time to first token, total, light
+  acceptance, light compute, the light branch's KV peak (``--metrics-url``), identical output.
+* ``repeat``: each code prompt twice in verify mode, the second with the decision cache
+  (the first's answer as drafts): time ratio, hit count, identical outputs.
+
+Every request but the ``repeat`` ones sends ``answer_cache: false`` (arms share prompts).
 Output: tables on stdout and ``OUT/reuse.json``.
 """
 from __future__ import annotations
@@ -27,6 +34,7 @@ import json
 import statistics
 import sys
 import textwrap
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,6 +71,7 @@ class Sample:
 
 
 def sample(url: str, workload: str, arm: str, rnd: int, kind: str, prompt: str, max_tokens: int, **knobs) -> Sample:
+    knobs.setdefault("answer_cache", False)  # arms share prompts: none may draft another's answer
     r = triton_client.generate_grpc(url, prompt, stream=True, max_tokens=max_tokens, **knobs)
     s = r.stats
     return Sample(workload, arm, rnd, kind, r.ttft_s, r.latency_s, r.tokens, r.tokens_per_s,
@@ -105,7 +114,8 @@ def copy_runs(url: str, repo: Path, prompts: int, max_tokens: int) -> list[Sampl
     for rnd, func in enumerate(COPY_SOURCES[:prompts]):
         prompt = copy_prompt(chat, func)
         # the prompt's KV cached in both branches first, so no arm pays (or saves) its prefill
-        triton_client.generate_grpc(url, prompt, stream=True, max_tokens=2, router_mode="verify", ngram_drafts=False)
+        triton_client.generate_grpc(url, prompt, stream=True, max_tokens=2, router_mode="verify", ngram_drafts=False,
+                                    answer_cache=False)
         arms = COPY_ARMS[rnd % len(COPY_ARMS):] + COPY_ARMS[:rnd % len(COPY_ARMS)]
         for arm, knobs in arms:
             out.append(sample(url, "copy", arm, rnd, "copy", prompt, max_tokens, **knobs))
@@ -113,6 +123,97 @@ def copy_runs(url: str, repo: Path, prompts: int, max_tokens: int) -> list[Sampl
             print(f"copy {func.__name__} {arm}: {s.tokens} tokens in {s.total_s:.1f} s = {s.tokens_per_s:.2f} tok/s, "
                   f"n-gram {s.ngram_accepted}/{s.ngram_proposed}", flush=True)
     return out
+
+
+class LightKVSampler:
+    """Peak of the light branch's live KV bytes (``tokenrouter_kv_bytes``) while it runs."""
+
+    def __init__(self, metrics_url: str | None):
+        self.url, self.peak, self._stop = metrics_url, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read(self) -> float:
+        import urllib.request
+
+        body = urllib.request.urlopen(self.url, timeout=5).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                   if line.startswith("tokenrouter_kv_bytes{") and 'branch="light"' in line)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self.peak = max(self.peak, self._read())
+
+    def __enter__(self):
+        if self.url:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.url:
+            self._thread.join()
+
+
+def window_runs(url: str, metrics_url: str | None, lengths: list[int], window: int, max_tokens: int) -> list[Sample]:
+    """Long RAG-like prompts in verify mode, the light branch with its whole KV and with a
+    ``window``; the light KV peak sampled from the metrics."""
+    out = []
+    for rnd, length in enumerate(lengths):
+        prompt = rag_prompt(length, offset=3 + rnd)
+        arms = (("full", 0), (f"window{window}", window))
+        for arm, w in arms[rnd % 2:] + arms[:rnd % 2]:
+            with LightKVSampler(metrics_url) as kv:
+                out.append(sample(url, "window", arm, rnd, str(length), prompt, max_tokens, router_mode="verify",
+                                  light_kv_window=w, ngram_drafts=False))
+            out[-1].stats["light_kv_peak_bytes"] = kv.peak
+            s = out[-1]
+            print(f"window {length} {arm}: TTFT {s.ttft_s:.1f} s, total {s.total_s:.1f} s, accepted "
+                  f"{s.stats.get('drafts_accepted')}/{s.stats.get('drafts_proposed')}, light KV peak "
+                  f"{kv.peak / 2**20:.1f} MiB", flush=True)
+    return out
+
+
+def window_table(samples: list[Sample]) -> list[dict]:
+    rows = []
+    for arm in dict.fromkeys(s.arm for s in samples if s.workload == "window"):
+        mine = [s for s in samples if s.workload == "window" and s.arm == arm]
+        full = {s.round: s for s in samples if s.workload == "window" and s.arm == "full"}
+        rows.append({"arm": arm, "ttft_s": statistics.mean(s.ttft_s for s in mine),
+                     "total_s": statistics.mean(s.total_s for s in mine),
+                     "total_vs_full": statistics.mean(full[s.round].total_s / s.total_s for s in mine),
+                     "acceptance": sum(s.stats.get("drafts_accepted", 0) for s in mine)
+                     / max(1, sum(s.stats.get("drafts_proposed", 0) for s in mine)),
+                     "light_forward_ms": statistics.mean(s.stats.get("light_forward_ms", 0) for s in mine),
+                     "light_kv_peak_mib": max(s.stats["light_kv_peak_bytes"] for s in mine) / 2**20,
+                     "identical_to_full": sum(s.text == full[s.round].text for s in mine)})
+    return rows
+
+
+def repeat_runs(url: str, prompts: int, max_tokens: int) -> list[Sample]:
+    """Each code prompt twice in verify mode: the second may draft the first's answer."""
+    from .workloads import CODE_PROMPTS
+
+    out = []
+    for rnd, text in enumerate(list(CODE_PROMPTS.values())[:prompts]):
+        for kind in ("first", "repeat"):
+            out.append(sample(url, "repeat", "verify", rnd, kind, text, max_tokens, router_mode="verify",
+                              answer_cache=True))
+            s = out[-1]
+            print(f"repeat {rnd} {kind}: {s.tokens} tokens in {s.total_s:.1f} s, answer drafts "
+                  f"{s.stats.get('answer_drafts_accepted', 0)}/{s.stats.get('answer_drafts_proposed', 0)}", flush=True)
+    return out
+
+
+def repeat_table(samples: list[Sample]) -> list[dict]:
+    rep = [s for s in samples if s.workload == "repeat"]
+    first = {s.round: s for s in rep if s.kind == "first"}
+    again = [s for s in rep if s.kind == "repeat"]
+    if not again:
+        return []
+    return [{"workload": "repeat", "prompts": len(again),
+             "hit": sum(bool(s.stats.get("answer_cache_hit")) for s in again),
+             "speedup_vs_first": statistics.mean(first[s.round].total_s / s.total_s for s in again),
+             "identical": sum(s.text == first[s.round].text for s in again)}]
 
 
 def reuse_table(samples: list[Sample]) -> list[dict]:
@@ -161,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-prompts", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32, help="reuse workload answer length")
     p.add_argument("--copy-max-tokens", type=int, default=160)
+    p.add_argument("--repeat-prompts", type=int, default=4)
+    p.add_argument("--window-lengths", default="1448,2800", help="window workload prompt sizes (tokens)")
+    p.add_argument("--window", type=int, default=512, help="window workload: the light_kv_window tried")
+    p.add_argument("--metrics-url", default=None, help="the server's metrics URL (window workload: light KV peak)")
     p.add_argument("--out", type=Path, default=Path("bench_out"))
     a = p.parse_args(argv)
     workloads = a.workloads.split(",")
@@ -169,10 +274,17 @@ def main(argv: list[str] | None = None) -> int:
         samples += reuse_runs(a.url, a.modes.split(","), a.rounds, a.context_tokens, a.questions, a.max_tokens)
     if "copy" in workloads:
         samples += copy_runs(a.url, a.repo, a.copy_prompts, a.copy_max_tokens)
+    if "repeat" in workloads:
+        samples += repeat_runs(a.url, a.repeat_prompts, a.max_tokens)
+    if "window" in workloads:
+        lengths = [int(n) for n in a.window_lengths.split(",")]
+        samples += window_runs(a.url, a.metrics_url, lengths, a.window, a.max_tokens)
     report = {"reuse": reuse_table(samples) if "reuse" in workloads else [],
               "copy": copy_table(samples) if "copy" in workloads else [],
+              "repeat": repeat_table(samples),
+              "window": window_table(samples),
               "samples": [asdict(s) for s in samples]}
-    for row in report["reuse"] + report["copy"]:
+    for row in report["reuse"] + report["copy"] + report["repeat"] + report["window"]:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "reuse.json").write_text(json.dumps(report, indent=1))

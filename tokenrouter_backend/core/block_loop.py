@@ -460,7 +460,7 @@ async def generate(
     this one.
     """
     started = time.perf_counter()
-    prior = answers.get(request.prompt) if answers is not None else ()
+    prior = answers.get(request.prompt) if answers is not None and request.params.answer_cache else ()
     loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id, prior=prior)
     try:
         while not loop.done:

@@ -95,6 +95,7 @@ class RouterParams:
     allow_degradation: bool = False  # route: this request accepts a lower threshold under overload
     ngram: NgramSettings = NgramSettings()  # n-gram (prompt-lookup) drafts
     light_kv_window: int = 0  # light branch KV window (0 = the whole sequence)
+    answer_cache: bool = True  # an earlier answer to the same prompt may be drafted (decision cache)
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
@@ -131,6 +132,7 @@ class RouterParams:
             allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
             ngram=_ngram_settings(d, pick("ngram_drafts", d.ngram_drafts)),
             light_kv_window=_int_in("light_kv_window", pick("light_kv_window", d.light_kv_window), 0, d.max_context),
+            answer_cache=_bool("answer_cache", pick("answer_cache", True)),
         )
 
 

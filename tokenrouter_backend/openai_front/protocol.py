@@ -44,6 +44,7 @@ class RouterKnobs(BaseModel):
     allow_degradation: Optional[bool] = None
     ngram_drafts: Optional[bool] = None
     light_kv_window: Optional[int] = None
+    answer_cache: Optional[bool] = None
 
 
 ROUTER_KNOBS = tuple(RouterKnobs.model_fields)

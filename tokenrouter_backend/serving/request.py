@@ -34,6 +34,7 @@ OPTIONAL_INPUTS = {
     "allow_degradation": "allow_degradation",
     "ngram_drafts": "ngram_drafts",
     "light_kv_window": "light_kv_window",
+    "answer_cache": "answer_cache",
 }
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"
