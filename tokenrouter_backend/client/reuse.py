@@ -17,8 +17,9 @@ running server (streamed gRPC, greedy):
   request per prompt first puts its KV in both branches' prefix caches, so every arm starts
   from a cached prompt (the arms compare generation, not prefill).
 
-* ``window``: long RAG-like prompts in verify mode, the light branch with its whole KV and
-  with ``light_kv_window`` (arms alternate first): time to first token, total, light
+* ``window``: long RAG-like prompts in verify mode (fixed block schedule, so the light model
+  is always used), the light branch with its whole KV and with ``light_kv_window`` (arms
+  alternate first; the heavy prompt KV cached for both): time to first token, total, light
   acceptance, light compute, the light branch's KV peak (``--metrics-url``), identical output.
 * ``repeat``: each code prompt twice in verify mode, the second with the decision cache
   (the first's answer as drafts): time ratio, hit count, identical outputs.
@@ -160,11 +161,14 @@ def window_runs(url: str, metrics_url: str | None, lengths: list[int], window: i
     out = []
     for rnd, length in enumerate(lengths):
         prompt = rag_prompt(length, offset=3 + rnd)
+        # heavy's prompt KV cached first, so both arms skip the same heavy prefill; the light
+        # prefill is what the arms compare (a windowed session takes nothing from the cache)
+        triton_client.generate_grpc(url, prompt, stream=True, max_tokens=1, router_mode="heavy", answer_cache=False)
         arms = (("full", 0), (f"window{window}", window))
         for arm, w in arms[rnd % 2:] + arms[:rnd % 2]:
-            with LightKVSampler(metrics_url) as kv:
+            with LightKVSampler(metrics_url) as kv:  # fixed schedule: the cost model must not skip the light model
                 out.append(sample(url, "window", arm, rnd, str(length), prompt, max_tokens, router_mode="verify",
-                                  light_kv_window=w, ngram_drafts=False))
+                                  light_kv_window=w, ngram_drafts=False, block_schedule="fixed"))
             out[-1].stats["light_kv_peak_bytes"] = kv.peak
             s = out[-1]
             print(f"window {length} {arm}: TTFT {s.ttft_s:.1f} s, total {s.total_s:.1f} s, accepted "
