@@ -90,3 +90,24 @@ def test_windowed_sessions_batch_with_full_ones(window):
     cut = len(PROMPT) - window
     token, _ = cut_reference(model, PROMPT, list(range(SINK)) + list(range(cut, len(PROMPT))))
     assert int(a.tokens[0]) == token
+
+
+def test_router_sends_a_windowed_light_prefill_whole_and_defaults_apply_to_verify_only():
+    import asyncio
+
+    from support.fakes import make_pair
+    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.params import RouterDefaults
+
+    d = RouterDefaults(prefill_chunk_tokens=8, light_kv_window=16)
+    assert d.request_params({"router_mode": "route"}).light_kv_window == 0
+    assert d.request_params({"router_mode": "route", "light_kv_window": 32}).light_kv_window == 32
+    params = d.request_params({"router_mode": "verify", "max_tokens": 8})
+    assert params.light_kv_window == 16
+    light, heavy = make_pair()
+    prompt = tuple(i % 39 + 1 for i in range(40))  # the fake vocabulary is 40
+    asyncio.run(generate(GenerationRequest(prompt, params), light, heavy, lambda *a: None))
+    first_light = next(op for op in light.ops if not op.release)
+    assert len(first_light.input_ids) >= len(prompt) and first_light.kv_window == 16  # one call, not 5 chunks
+    assert all(op.kv_window == 0 for op in heavy.ops)
+    assert [len(op.input_ids) for op in heavy.ops[:5]] == [8] * 5  # heavy still chunked

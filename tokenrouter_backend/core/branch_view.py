@@ -89,8 +89,11 @@ class BranchView:
         first = len(seq) - 1 if score_from is None else min(max(score_from, keep), len(seq) - 1)
         scored = len(seq) - first
         pos = keep
-        while len(seq) - pos > max(self.prefill_chunk, scored):
-            size = min(self.prefill_chunk, len(seq) - pos - scored)
+        # with a KV window the branch computes at most sink + window of any input: one call,
+        # so it can leave the middle out (chunks would each be fed before the window moves)
+        chunk = max(self.prefill_chunk, len(seq)) if self.kv_window else self.prefill_chunk
+        while len(seq) - pos > max(chunk, scored):
+            size = min(chunk, len(seq) - pos - scored)
             await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:pos + size]), score_last=1,
                                        kv_window=self.kv_window))
             self.cache = seq[:pos + size]

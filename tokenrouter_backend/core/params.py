@@ -131,9 +131,18 @@ class RouterParams:
             heavy_first=d.heavy_first,
             allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
             ngram=_ngram_settings(d, pick("ngram_drafts", d.ngram_drafts)),
-            light_kv_window=_int_in("light_kv_window", pick("light_kv_window", d.light_kv_window), 0, d.max_context),
+            light_kv_window=_light_window(d, mode, given.get("light_kv_window")),
             answer_cache=_bool("answer_cache", pick("answer_cache", True)),
         )
+
+
+def _light_window(d: RouterDefaults, mode: Mode, asked: Any) -> int:
+    """The request's light KV window: as asked, else the default in verify mode only (there it
+    cannot change the output; route commits unchecked light tokens, so it asks explicitly)."""
+    if asked is not None:
+        return _int_in("light_kv_window", asked, 0, d.max_context)
+    window = _int_in("light_kv_window", d.light_kv_window, 0, d.max_context)
+    return window if mode == Mode.VERIFY else 0
 
 
 def _ngram_settings(d: RouterDefaults, enabled: Any) -> NgramSettings:

@@ -37,6 +37,8 @@ from tokenrouter_backend.operations.threshold_control import (
     DynamicThreshold,
 )
 
+SINK_ALLOWANCE = 4  # the light branch's kv_sink_tokens default (the cost of a windowed light prefill)
+
 
 @dataclass(frozen=True)
 class OpsConfig:
@@ -245,7 +247,9 @@ class RequestHooks:
             return plan  # curves not known yet: the block schedule decides
         p, a = plan.params, self.acceptance()
         if self.light_pays is None:
-            self.light_pays = planner.light_pays(self.prompt_tokens, p.max_tokens, a, p.max_block_size,
+            light_prompt = min(self.prompt_tokens, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
+                else self.prompt_tokens  # a windowed light model prefills sink + window at most
+            self.light_pays = planner.light_pays(light_prompt, p.max_tokens, a, p.max_block_size,
                                                  p.prefill_chunk_tokens)
         k = planner.best_block(a, p.max_block_size) if self.light_pays else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
