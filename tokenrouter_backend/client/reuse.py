@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import secrets
 import statistics
 import sys
 import textwrap
@@ -85,7 +86,10 @@ def reuse_runs(url: str, modes: list[str], rounds: int, context_tokens: int, que
     out = []
     for rnd in range(rounds):
         for i, mode in enumerate(modes[rnd % len(modes):] + modes[:rnd % len(modes)]):
-            context = rag_prompt(context_tokens, offset=7 * (rnd * len(modes) + i))[: -len(QUESTION)]
+            # a tag no earlier request carried: the round's first request is cold even on a
+            # server that served these documents before
+            tag = f"# request set {secrets.token_hex(4)}\n"
+            context = tag + rag_prompt(context_tokens, offset=7 * (rnd * len(modes) + i))[: -len(QUESTION)]
             for q in range(questions):
                 kind = "cold" if q == 0 else "warm"
                 out.append(sample(url, "reuse", mode, rnd, kind, context + QUESTIONS[q % len(QUESTIONS)],
