@@ -159,7 +159,8 @@ class LightKVSampler:
             self._thread.join()
 
 
-def window_runs(url: str, metrics_url: str | None, lengths: list[int], window: int, max_tokens: int) -> list[Sample]:
+def window_runs(url: str, metrics_url: str | None, lengths: list[int], window: int, max_tokens: int,
+                schedule: str = "fixed") -> list[Sample]:
     """Long RAG-like prompts in verify mode, the light branch with its whole KV and with a
     ``window``; the light KV peak sampled from the metrics."""
     out = []
@@ -170,9 +171,9 @@ def window_runs(url: str, metrics_url: str | None, lengths: list[int], window: i
         triton_client.generate_grpc(url, prompt, stream=True, max_tokens=1, router_mode="heavy", answer_cache=False)
         arms = (("full", 0), (f"window{window}", window))
         for arm, w in arms[rnd % 2:] + arms[:rnd % 2]:
-            with LightKVSampler(metrics_url) as kv:  # fixed schedule: the cost model must not skip the light model
+            with LightKVSampler(metrics_url) as kv:  # fixed schedule: the cost model cannot skip the light model
                 out.append(sample(url, "window", arm, rnd, str(length), prompt, max_tokens, router_mode="verify",
-                                  light_kv_window=w, ngram_drafts=False, block_schedule="fixed"))
+                                  light_kv_window=w, ngram_drafts=False, block_schedule=schedule))
             out[-1].stats["light_kv_peak_bytes"] = kv.peak
             s = out[-1]
             print(f"window {length} {arm}: TTFT {s.ttft_s:.1f} s, total {s.total_s:.1f} s, accepted "
@@ -273,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat-prompts", type=int, default=4)
     p.add_argument("--window-lengths", default="1448,2800", help="window workload prompt sizes (tokens)")
     p.add_argument("--window", type=int, default=512, help="window workload: the light_kv_window tried")
+    p.add_argument("--window-schedule", default="fixed", choices=("fixed", "heuristic"),
+                   help="window workload block schedule (heuristic: the cost model may skip the light model)")
     p.add_argument("--metrics-url", default=None, help="the server's metrics URL (window workload: light KV peak)")
     p.add_argument("--out", type=Path, default=Path("bench_out"))
     a = p.parse_args(argv)
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         samples += repeat_runs(a.url, a.repeat_prompts, a.max_tokens)
     if "window" in workloads:
         lengths = [int(n) for n in a.window_lengths.split(",")]
-        samples += window_runs(a.url, a.metrics_url, lengths, a.window, a.max_tokens)
+        samples += window_runs(a.url, a.metrics_url, lengths, a.window, a.max_tokens, a.window_schedule)
     report = {"reuse": reuse_table(samples) if "reuse" in workloads else [],
               "copy": copy_table(samples) if "copy" in workloads else [],
               "repeat": repeat_table(samples),
