@@ -43,6 +43,7 @@ from tokenrouter_backend.core.hooks import (
 )
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterParams
+from tokenrouter_backend.core.route_gate import Decision, RouteContext, RouteGate
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.core.stop_text import StopText, first_stop
 from tokenrouter_backend.core.stopping import StopCriteria
@@ -64,6 +65,7 @@ class GenerationRequest:
     end_id: int | None = None
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token level: the document-end tokens
     stop_text: StopText | None = None  # stop strings, matched on the decoded text
+    route_gate: RouteGate | None = None  # critical classes / learned router; None = default policy
 
     @property
     def stop(self) -> StopCriteria:
@@ -87,6 +89,8 @@ class BlockNote:
     committed_light: int = 0  # drafts that stood
     heavy_agree: Sequence[bool] = ()  # per drafted token with a known heavy verdict
     heavy_prob: Sequence[float] = ()  # heavy prob of those tokens
+    gate: Decision | None = None  # the route gate's view of the drafts (classes, router scores)
+    acceptance: float = 0.0  # the request's running acceptance when the block began
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,8 @@ class BlockLoop:
         self.done = False
         self.unvouched_tail: tuple[int, ...] = ()  # route: light's ending tokens cut off, unchecked
         self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p, self.params.random_seed)
+        self.gate = request.route_gate or RouteGate()
+        self.route_context = RouteContext()  # running acceptance (a learned-router feature)
 
     # ---- committing -------------------------------------------------------------------
     @property
@@ -217,12 +223,14 @@ class BlockLoop:
         self.stats.verify_blocks += 1
         self.stats.drafts_proposed += d
         self.stats.drafts_accepted += verdict.accepted
+        known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
         if self.hooks is not None:
-            known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
             self._note = BlockNote(ACTION_VERIFY, drafted=drafts, confidence=lstep.draft_probs,
                                    entropy=lstep.draft_entropy, committed_light=verdict.accepted,
                                    heavy_agree=[i < verdict.accepted for i in range(known)],
-                                   heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
+                                   heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known],
+                                   gate=self._gate(lstep), acceptance=self.route_context.acceptance)
+        self.route_context.observe(verdict.accepted, known)
         self.commit(drafts[: verdict.accepted], LIGHT)
         self.commit([verdict.next_token], HEAVY)
         self.block = policy.next_block_size(self.params, self.block, d, verdict.accepted)
@@ -243,14 +251,15 @@ class BlockLoop:
             sampling=self.sampling, return_dist=want_dist,
         )
         lres, drafts = lstep.result, lstep.drafts
-        confident = policy.confident_prefix(lstep.draft_probs, lstep.draft_entropy, p)
+        gate = self._gate(lstep)
+        confident = gate.stand
         self.stats.drafts_proposed += len(drafts)
         kept = self.commit(drafts[:confident], LIGHT)
         unsure = drafts[confident:] if not self.done else drafts[:0]
         if self.hooks is not None:
             self._note = BlockNote(ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
                                    confidence=lstep.draft_probs, entropy=lstep.draft_entropy,
-                                   committed_light=kept)
+                                   committed_light=kept, gate=gate, acceptance=self.route_context.acceptance)
         accepted = confident
         if len(unsure):
             q = lres.dist[-len(unsure) :] if want_dist else None
@@ -274,11 +283,18 @@ class BlockLoop:
                 verdict = accept_greedy(unsure, hres.tokens[-(m + 1) :])
             self.stats.verify_blocks += 1
             accepted = verdict.accepted
+            self.route_context.observe(accepted, min(accepted + 1, m))
             self.commit(unsure[:accepted], LIGHT)
             self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
         return accepted
+
+    def _gate(self, lstep) -> Decision:
+        """The route gate on this block's drafts (classes, router scores, how many stand)."""
+        return self.gate.decide(self.tokens[-1] if self.tokens else None, lstep.drafts, lstep.draft_probs,
+                                lstep.draft_entropy, self.generated, self.params, self.route_context,
+                                self.request.end_tokens)
 
     def _rollback(self, seq: list[int], hres: BranchResult, first_input: int) -> bool:
         """Roll back to the first unvouched token of ``seq`` (the committed tokens + cut-off
@@ -367,6 +383,9 @@ class BlockLoop:
             heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
             heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
             latency_ms=(time.perf_counter() - before.started) * 1e3, committed=self.generated - before.generated,
+            token_class=tuple(int(c) for c in n.gate.classes) if n.gate is not None else (),
+            router_score=tuple(round(float(x), 5) for x in n.gate.scores) if n.gate is not None else (),
+            acceptance=round(float(n.acceptance), 5),
         )
 
     async def _run_block(self, mode: Mode) -> None:

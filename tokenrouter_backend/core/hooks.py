@@ -54,6 +54,9 @@ class BlockRecord:
     light_ms: float
     latency_ms: float  # whole block, wall
     committed: int  # tokens added to the output by this block (after rollbacks)
+    token_class: tuple[int, ...] = ()  # TokenClass per drafted token (token_classes.py)
+    router_score: tuple[float, ...] = ()  # learned router's P(disagree) per drafted token; () = none
+    acceptance: float = 0.0  # the request's running acceptance when the block began (a router feature)
 
     def verdicts(self) -> list[Verdict]:
         return [

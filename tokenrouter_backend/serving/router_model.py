@@ -29,6 +29,7 @@ from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, data
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.admission import Operations
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
+from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
 from tokenrouter_backend.serving.request import parse_request
 from tokenrouter_backend.serving.request_info import request_info
 from tokenrouter_backend.serving.tensors import config_parameters, error_response
@@ -83,7 +84,13 @@ class RouterModel:
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
+        self.route_gate = build_route_gate(config_parameters(args), None if tokenizer is None
+                                           else vocabulary_texts(tokenizer), self._version_dir(args))
         self.inflight: set[asyncio.Task] = set()
+
+    @staticmethod
+    def _version_dir(args: dict) -> Path:
+        return Path(args["model_repository"]) / str(args.get("model_version", "1"))
 
     def _heavy_branch(self, timeout_ms: int):
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
@@ -111,7 +118,7 @@ class RouterModel:
             gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
             admission = self.ops.admit(request_info(pb, request), gen_request.params)
             mode, arm = admission.params.mode, admission.arm
-            gen_request = dataclasses.replace(gen_request, params=admission.params)
+            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self.route_gate)
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens
             await self.gate.enter(tokens)
             held = tokens
