@@ -44,6 +44,7 @@ from tokenrouter_backend.core.hooks import (
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterParams
 from tokenrouter_backend.core.route_gate import Decision, RouteContext, RouteGate
+from tokenrouter_backend.core.routing_trace import Kind, default_kind
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.core.stop_text import StopText, first_stop
 from tokenrouter_backend.core.stopping import StopCriteria
@@ -131,6 +132,7 @@ class BlockLoop:
         self.heavy = BranchView(heavy, sid, self.stats, chunk)
         self.tokens: list[int] = list(request.prompt)
         self.sources: list[str] = []  # branch of each generated token
+        self.kinds: list[str] = []  # routing_trace.Kind of each generated token (--show-routing)
         self.prompt_len = len(request.prompt)
         self.verified_len = self.prompt_len  # route: tokens the heavy model has vouched for
         self.final_len = self.prompt_len  # tokens no rollback can touch (streamable)
@@ -152,13 +154,14 @@ class BlockLoop:
     def remaining(self) -> int:
         return self.params.max_tokens - self.generated
 
-    def commit(self, new, source: str) -> int:
+    def commit(self, new, source: str, kind: Kind | None = None) -> int:
         """Append tokens from ``source``; apply stop rules; returns how many stayed."""
         if self.done:
             return 0
         start = self.generated
         self.tokens.extend(int(t) for t in new)
         self.sources.extend([source] * len(new))
+        self.kinds.extend([kind or default_kind(source, self.params.mode)] * len(new))
         generated = self.tokens[self.prompt_len :]
         stop = first_stop(generated, start, self.request.stop, self.request.stop_text,
                           min_keep=self.final_len - self.prompt_len)
@@ -180,6 +183,7 @@ class BlockLoop:
     def _truncate(self, length: int) -> None:
         del self.tokens[length:]
         del self.sources[length - self.prompt_len :]
+        del self.kinds[length - self.prompt_len :]
 
     # ---- modes ------------------------------------------------------------------------
     async def single_branch_block(self, view: BranchView, source: str, block: int | None = None) -> None:
@@ -284,7 +288,7 @@ class BlockLoop:
             self.stats.verify_blocks += 1
             accepted = verdict.accepted
             self.route_context.observe(accepted, min(accepted + 1, m))
-            self.commit(unsure[:accepted], LIGHT)
+            self.commit(unsure[:accepted], LIGHT, Kind.LIGHT_VERIFIED)
             self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
@@ -315,7 +319,8 @@ class BlockLoop:
         restored = seq[len(self.tokens) : position]  # cut-off ending tokens before the rejection stand
         self.tokens.extend(restored)
         self.sources.extend([LIGHT] * len(restored))
-        self.commit([hres.tokens[lo + reject]], HEAVY)
+        self.kinds.extend([Kind.LIGHT_UNCHECKED] * len(restored))
+        self.commit([hres.tokens[lo + reject]], HEAVY, Kind.ROLLED_BACK)
         return True
 
     def _unvouched_from(self) -> int:
@@ -434,6 +439,7 @@ class BlockLoop:
         s.generated_tokens = self.generated
         s.light_tokens = self.sources.count(LIGHT)
         s.heavy_tokens = self.sources.count(HEAVY)
+        s.token_kinds = "".join(self.kinds)
         if self.params.mode == Mode.ROUTE:
             s.drafts_accepted = s.light_tokens
         s.light_skipped = self.params.mode in (Mode.VERIFY, Mode.ROUTE) and not self.light.opened

@@ -37,6 +37,7 @@ class RequestStats:
     light_skipped: bool = False  # the cost model kept the light model out of this request
     degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)
     degraded_threshold: float = 0.0  # the lowest such threshold (0 = never degraded)
+    token_kinds: str = ""  # routing_trace.Kind per generated token (not in to_dict: show_routing adds runs)
 
     @property
     def light_share(self) -> float:
@@ -49,6 +50,7 @@ class RequestStats:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        d.pop("token_kinds")
         d["light_share"] = round(self.light_share, 4)
         d["mean_accepted"] = round(self.mean_accepted, 3)
         per_token = self.heavy_calls / self.generated_tokens if self.generated_tokens else 0.0

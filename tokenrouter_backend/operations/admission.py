@@ -11,6 +11,8 @@ A/B arm (``request`` arm runs heavy) > configured ``mode``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -99,6 +101,7 @@ class Operations:
         self.log = (DecisionLog(c.decision_log_path, int(c.decision_log_max_mb * (1 << 20)), c.decision_log_backups)
                     if c.decision_log_path else None)
         self.metrics = None
+        self._anonymous = (f"anon-{secrets.token_hex(4)}-{n}" for n in itertools.count())  # ids for id-less requests
         self._dropped_seen = {"log": 0, "metrics": 0}  # drop counts already sent to metrics
         if c.metrics and pb_utils is not None:
             from tokenrouter_backend.operations.metrics import RouterMetrics  # noqa: PLC0415 - only with a server
@@ -121,7 +124,8 @@ class Operations:
         if (log or quantile > 0 or self.load_config.control or self.conservative.config.start
                 or self.cost_config.model or self.overload.degradation):
             hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt))
-        return Admission(params, arm, info.request_id, hooks)
+        # the decision log tells requests apart (train-router splits by request): id-less ones get one
+        return Admission(params, arm, info.request_id or next(self._anonymous), hooks)
 
     def _wants_log(self, asked: bool | None) -> bool:
         if asked and self.log is None:
