@@ -133,6 +133,7 @@ class BlockLoop:
         self.tokens: list[int] = list(request.prompt)
         self.sources: list[str] = []  # branch of each generated token
         self.kinds: list[str] = []  # routing_trace.Kind of each generated token (--show-routing)
+        self.low_water = 0  # with hooks: lowest generated index the current block rewrote from
         self.prompt_len = len(request.prompt)
         self.verified_len = self.prompt_len  # route: tokens the heavy model has vouched for
         self.final_len = self.prompt_len  # tokens no rollback can touch (streamable)
@@ -184,6 +185,7 @@ class BlockLoop:
         del self.tokens[length:]
         del self.sources[length - self.prompt_len :]
         del self.kinds[length - self.prompt_len :]
+        self.low_water = min(self.low_water, length - self.prompt_len)
 
     # ---- modes ------------------------------------------------------------------------
     async def single_branch_block(self, view: BranchView, source: str, block: int | None = None) -> None:
@@ -370,6 +372,7 @@ class BlockLoop:
             s.degraded_threshold = min(s.degraded_threshold, t) if s.degraded_threshold else t
         before = BlockStart.of(self)
         self._note = BlockNote()
+        self.low_water = self.generated
         await self._run_block(plan.mode)
         self.hooks.after_block(self._record(plan.mode, before))
 
@@ -390,7 +393,9 @@ class BlockLoop:
             latency_ms=(time.perf_counter() - before.started) * 1e3, committed=self.generated - before.generated,
             token_class=tuple(int(c) for c in n.gate.classes) if n.gate is not None else (),
             router_score=tuple(round(float(x), 5) for x in n.gate.scores) if n.gate is not None else (),
-            acceptance=round(float(n.acceptance), 5),
+            acceptance=round(float(n.acceptance), 5), output_from=self.low_water,
+            output=tuple(self.tokens[self.prompt_len + self.low_water :]),
+            output_kinds="".join(self.kinds[self.low_water :]),
         )
 
     async def _run_block(self, mode: Mode) -> None:

@@ -45,7 +45,7 @@ class Token:
 def _tip(record: BlockRecord, j: int, kind: Kind) -> str:
     """Hover text of drafted token j of ``record`` (or of the heavy token that followed)."""
     lines = [LABELS[kind], f"block at {record.position} ({record.mode}, {record.action})"]
-    if j < len(record.drafted):
+    if 0 <= j < len(record.drafted):
         light = kind in (Kind.LIGHT_UNCHECKED, Kind.LIGHT_VERIFIED)
         proposed = "" if light else f" (light proposed id {record.drafted[j]})"
         lines.append(f"light confidence {record.confidence[j]:.3f}, entropy {record.entropy[j]:.3f}{proposed}")
@@ -70,10 +70,14 @@ def rebuild(records: Iterable[BlockRecord]) -> dict[str, list[Token]]:
         if r.output_from < 0:
             continue
         answer = answers.setdefault(r.request_id, [])
+        old = answer[r.output_from :]
         del answer[r.output_from :]
         for i, (tok, code) in enumerate(zip(r.output, r.output_kinds)):
-            kind = Kind(code)
-            answer.append(Token(tok, kind, _tip(r, r.output_from + i - r.position, kind)))
+            kind, j = Kind(code), r.output_from + i - r.position
+            if j < 0 and i < len(old) and old[i].id == tok and old[i].kind == kind:
+                answer.append(old[i])  # kept through a rollback further on: its own block's details
+            else:
+                answer.append(Token(tok, kind, _tip(r, j, kind)))
     return answers
 
 
