@@ -42,7 +42,7 @@ def route_run(prompts=PROMPTS[:8], mode="route"):
         out: list[int] = []
         request = GenerationRequest(tuple(prompt), params, route_gate=gate)
         stats[f"r{i}"] = asyncio.run(generate(request, FakeBranch("light", ToyLM(seed=2, noise=1.0)),
-                                              FakeBranch("heavy", ToyLM()), lambda t, s, f: out.extend(t),
+                                              FakeBranch("heavy", ToyLM()), lambda t, s, f, out=out: out.extend(t),
                                               hooks=rec, request_id=f"r{i}"))
         outputs[f"r{i}"] = out
     return rec.records, outputs, stats
@@ -131,7 +131,8 @@ def test_replay_html_in_headless_chromium(tmp_path, capsys):
     assert all("light confidence" in tip and "class " in tip for tip in unchecked)
     assert any("heavy verdict: not checked" in tip for tip in unchecked)
     assert all("replaced" in tip for cls, tip, _ in reader.spans if cls == "k-r")
-    assert "".join(text for _, _, text in reader.spans[: len(outputs["r0"])]) == "".join(f"⟨{t}⟩" for t in outputs["r0"])
+    first = "".join(text for _, _, text in reader.spans[: len(outputs["r0"])])
+    assert first == "".join(f"⟨{t}⟩" for t in outputs["r0"])
     shot = tmp_path / "shot.png"
     subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1000,700", page.as_uri()],
                    capture_output=True, timeout=120, check=True)
