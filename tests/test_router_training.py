@@ -121,3 +121,11 @@ def route_agreement(gate) -> float:
         agree += heavy_agreement(prompt, out, HeavyLM()) * len(out)
         total += len(out)
     return agree / total
+
+
+def test_separate_evaluation_logs(records):
+    train_part = [r for r in records if int(r.request_id[1:]) < 30]
+    eval_part = [r for r in records if int(r.request_id[1:]) >= 30]
+    report = rt.train(train_part, LAX, 0.8, target_agreement=0.95, held_out=eval_part)
+    assert report.held_tokens == len(rt.collect_samples(eval_part))
+    assert report.train_tokens == len(rt.collect_samples(train_part))

@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="router file to write (JSON; config parameter router_file)")
     parser.add_argument("--holdout", type=float, default=0.2,
                         help="share of requests held out for evaluation, in (0, 1) (default: %(default)s)")
+    parser.add_argument("--eval", action="append", default=None, metavar="LOG",
+                        help="evaluate on these logs (other prompts) instead of a held-out share of LOGS (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train / held-out split (default: 0)")
     parser.add_argument("--l2", type=float, default=DEFAULT_L2, help="L2 penalty per sample (default: %(default)s)")
     parser.add_argument("--target-agreement", type=float, default=None,
@@ -44,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     records = [r for path in args.logs for r in read_log(path)]
     try:
+        held = [r for path in args.eval for r in read_log(path)] if args.eval else None
         report = train(records, policy, args.confidence_threshold, args.holdout, args.seed, args.l2,
-                       args.target_agreement)
+                       args.target_agreement, held_out=held)
     except NotEnoughData as exc:
         print(f"train-router: {exc}")
         return 1

@@ -171,10 +171,15 @@ class NotEnoughData(ValueError):
 
 def train(records: Iterable[BlockRecord], policy: ClassPolicy, confidence_threshold: float,
           holdout: float = 0.2, seed: int = 0, l2: float = DEFAULT_L2,
-          target_agreement: float | None = None, min_tokens: int = 50) -> TrainReport:
-    """Fit, pick the threshold on the training split, evaluate on the held-out split."""
+          target_agreement: float | None = None, min_tokens: int = 50,
+          held_out: Iterable[BlockRecord] | None = None) -> TrainReport:
+    """Fit, pick the threshold on the training split, evaluate on the held-out split
+    (``held_out`` given: all of ``records`` train, those records are the held-out set)."""
     samples = collect_samples(records)
-    train_s, held = split(samples, holdout, seed)
+    if held_out is None:
+        train_s, held = split(samples, holdout, seed)
+    else:
+        train_s, held = samples, collect_samples(held_out)
     if len(train_s) < min_tokens or len(held) < max(1, min_tokens // 5):
         raise NotEnoughData(f"{len(samples)} verdicts with router features ({len(train_s)} train, "
                             f"{len(held)} held out); need >= {min_tokens} train: "

@@ -43,6 +43,7 @@ IS_FINAL = "IS_FINAL"
 ROUTING_STATS = "ROUTING_STATS"
 STOP_TRIM = "STOP_TRIM"
 SHOW_ROUTING = "show_routing"  # optional BOOL input: the final routing_stats carry "routing" runs
+LEARNED_ROUTER = "learned_router"  # optional BOOL input: false = confidence rule though a router is loaded
 
 
 class ResponseWriter:
@@ -98,7 +99,14 @@ class RouterModel:
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
         self.route_gate = build_route_gate(config_parameters(args), None if tokenizer is None
                                            else vocabulary_texts(tokenizer), self._version_dir(args))
+        self.plain_gate = dataclasses.replace(self.route_gate, router=None)
         self.inflight: set[asyncio.Task] = set()
+
+    def _gate_for(self, request):
+        """The server's route gate; input learned_router=false: the same without the learned router (A/B)."""
+        if input_scalar(self.pb, request, LEARNED_ROUTER) is False and self.route_gate.router is not None:
+            return self.plain_gate
+        return self.route_gate
 
     @staticmethod
     def _version_dir(args: dict) -> Path:
@@ -130,7 +138,7 @@ class RouterModel:
             gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
             admission = self.ops.admit(request_info(pb, request), gen_request.params)
             mode, arm = admission.params.mode, admission.arm
-            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self.route_gate)
+            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(request))
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens
             await self.gate.enter(tokens)
             held = tokens
