@@ -32,6 +32,7 @@ from tokenrouter_backend.operations.ab import (
 from tokenrouter_backend.operations.decision_log import DEFAULT_BACKUPS, DecisionLog
 from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
 from tokenrouter_backend.operations.override import DEFAULT_CHECK_MS, OverrideWatcher
+from tokenrouter_backend.operations.request_policy import RequestPolicyConfig, decide
 from tokenrouter_backend.operations.threshold_control import (
     ConservativeConfig,
     ConservativeStart,
@@ -72,6 +73,7 @@ class RequestInfo:
     explicit_mode: bool  # the client set router_mode
     decision_log: bool | None = None  # input decision_log
     dynamic_quantile: float | None = None  # input dynamic_threshold_quantile
+    prompt_text: str | None = None  # the decoded prompt (filled only when request_policy is on)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Operations:
         self.load = LoadController(self.load_config)
         self.cost_config = dataclass_from_config(CostConfig, parameters, "cost_")
         self.overload = dataclass_from_config(OverloadConfig, parameters, "overload_")
+        self.request_policy = dataclass_from_config(RequestPolicyConfig, parameters, "request_").check()
         self.costs = BranchCosts(self.cost_config)  # the router's branches feed its curves
         self.conservative = ConservativeStart(dataclass_from_config(ConservativeConfig, parameters, "conservative_"),
                                               defaults.confidence_threshold)
@@ -116,6 +119,9 @@ class Operations:
         else:
             arm = choose_arm(request_key(info.request_id, info.prompt), self.config.ab_route_percent)
             mode = BASELINE_MODE if arm == ARM_REQUEST else params.mode
+            if arm == ARM_REQUEST and self.request_policy.policy and info.prompt_text is not None:
+                params = decide(self.request_policy, params, info.prompt_text)[0]  # request-level routing
+                mode = params.mode
         if mode != params.mode:
             params = dataclasses.replace(params, mode=mode)
         log = self._wants_log(info.decision_log)

@@ -136,7 +136,10 @@ class RouterModel:
         held = 0  # KV tokens this request holds in the admission gate
         try:
             gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
-            admission = self.ops.admit(request_info(pb, request), gen_request.params)
+            info = request_info(pb, request)
+            if self.ops.request_policy.policy and self.decode is not None:  # request-level routing reads the text
+                info = dataclasses.replace(info, prompt_text=self.decode(info.prompt))
+            admission = self.ops.admit(info, gen_request.params)
             mode, arm = admission.params.mode, admission.arm
             gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(request))
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens
