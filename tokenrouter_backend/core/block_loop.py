@@ -9,7 +9,8 @@
                         back to the first token it strongly rejects, and supplies the token
         emit the tokens no later rollback can touch (and no later stop string can cut)
 
-Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
+Which route drafts count as confident is ``route_gate.RouteGate`` (critical classes, learned
+router). Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
 the decoded text (``stop_text.py``).
 
 In verify and route the heavy model prefills first and its first token is emitted at once
@@ -391,12 +392,9 @@ class BlockLoop:
             heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
             heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
             latency_ms=(time.perf_counter() - before.started) * 1e3, committed=self.generated - before.generated,
-            token_class=tuple(int(c) for c in n.gate.classes) if n.gate is not None else (),
-            router_score=tuple(round(float(x), 5) for x in n.gate.scores) if n.gate is not None else (),
-            acceptance=round(float(n.acceptance), 5), output_from=self.low_water,
-            output=tuple(self.tokens[self.prompt_len + self.low_water :]),
-            output_kinds="".join(self.kinds[self.low_water :]),
-        )
+            **(n.gate.record_fields() if n.gate is not None else {}), acceptance=round(float(n.acceptance), 5),
+            output_from=self.low_water, output=tuple(self.tokens[self.prompt_len + self.low_water :]),
+            output_kinds="".join(self.kinds[self.low_water :]))
 
     async def _run_block(self, mode: Mode) -> None:
         if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:

@@ -99,6 +99,11 @@ class Decision:
     classes: np.ndarray  # int8 per draft
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # P(disagree) per draft (learned router)
 
+    def record_fields(self) -> dict:
+        """The BlockRecord fields this decision fills (token_class, router_score)."""
+        return {"token_class": tuple(int(c) for c in self.classes),
+                "router_score": tuple(round(float(x), 5) for x in self.scores)}
+
 
 @dataclass(frozen=True)
 class RouteGate:
