@@ -22,7 +22,7 @@ def test_segments_code_blocks_json_sentences_and_long_text():
 
 
 def test_difficulty_rules():
-    assert difficulty("Write a friendly note to the team") == 0.0
+    assert difficulty("Write a friendly note to my neighbours") == 0.0
     assert difficulty("What is 17 * 23 exactly?") == pytest.approx(0.75)  # math + question + constraint
     assert difficulty("x", SegmentKind.CODE) == pytest.approx(0.35)
     assert difficulty("if (a == b) { return c; }") >= 0.35  # code markers in prose
@@ -35,7 +35,7 @@ def test_policy_decisions():
     cfg = RequestPolicyConfig(policy=True)
     hard = decide(cfg, params, "Calculate 12 * 7 + 3. You must show exactly one number. What is it?")[0]
     assert hard.mode == Mode.VERIFY
-    easy = decide(cfg, params, "Write a short friendly greeting for the team newsletter")[0]
+    easy = decide(cfg, params, "Write a short friendly greeting for the club newsletter")[0]
     assert easy.mode == Mode.ROUTE and easy.confidence_threshold == cfg.easy_threshold
     middle = decide(cfg, params, "def add(a, b):\n    return (a + b)")[0]
     assert middle.mode == Mode.ROUTE and middle.confidence_threshold == params.confidence_threshold
@@ -51,7 +51,7 @@ def test_ab_request_arm_runs_the_policy_token_arm_the_configured_mode():
     arms = {}
     for i in range(40):
         rid = f"req-{i}"
-        text = "Calculate 3 * 4. You must answer exactly." if i % 2 else "Say hello to the team"
+        text = "Calculate 3 * 4. You must answer exactly." if i % 2 else "Say hello to the club"
         info = RequestInfo(rid, (1, 2, 3), explicit_mode=False, prompt_text=text)
         adm = ops.admit(info, params)
         expect_arm = ARM_TOKEN if ab_bucket(request_key(rid, (1, 2, 3))) < 50 else ARM_REQUEST

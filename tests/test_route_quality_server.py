@@ -90,7 +90,8 @@ def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository
     assert trained.trained["held_out_requests"] >= 1
 
     log2 = tmp_path / "second.jsonl"
-    set_router_params(repository, decision_log_path=str(log2), router_file="router.json")
+    set_router_params(repository, decision_log_path=str(log2), router_file="router.json", mode="route",
+                      ab_route_percent="50", request_policy="true")
     server = start_triton(repository)
     url = server.http_url.replace("http://", "")
     stats = run_all(url, "route", **LOW_BARS)
@@ -101,5 +102,16 @@ def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository
         for cls, score in zip(r.token_class[: r.committed_light], r.router_score[: r.committed_light]):
             assert cls not in critical and score <= trained.threshold + 1e-6
     assert sum(s["generated_tokens"] for s in stats) > 0
+    # --show-routing's runs join to the answer the same response carries
+    shown = triton_client.generate_http(url, PROMPTS[0], max_tokens=24, router_mode="route", show_routing=True)
+    runs = shown.stats["routing"]
+    assert "".join(text for _, text in runs) == shown.text and {k for k, _ in runs} <= set("uvhr")
+    assert sum(len(t) for _, t in runs) == len(shown.text)
+    # A/B with request_policy: id-less requests split by prompt; the request arm follows the prompt's score
+    hard = [f"Calculate {n} * 7 + 3. You must print exactly one number. What is it?" for n in range(11, 17)]
+    easy = [f"Say hello to club {name}" for name in ("red", "blue", "green", "gold", "grey", "pink")]
+    mode = {p: triton_client.generate_http(url, p, max_tokens=8).stats["mode"] for p in hard + easy}
+    assert "verify" in {mode[p] for p in hard}  # some land in the request arm: verify for hard prompts
+    assert {mode[p] for p in easy} == {"route"}  # token arm: route; request arm, easy prompt: route too
     print("\nroute with the learned router:", json.dumps({k: sum(s[k] for s in stats) for k in
                                                            ("generated_tokens", "light_tokens", "heavy_tokens")}))
