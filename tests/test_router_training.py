@@ -97,9 +97,10 @@ def test_cli_writes_a_file_the_gate_routes_with(records, tmp_path, capsys):
     out = tmp_path / "router.json"
     rc = cli_main.main(["train-router", str(log_path), "--out", str(out), "--critical", "number=1.0",
                         "--critical", "operator=1.0", "--critical", "logic=1.0", "--critical", "definition=1.0",
-                        "--target-agreement", "0.95"])
+                        "--target-agreement", "0.95", "--plot", str(tmp_path / "frontier.png")])
     text = capsys.readouterr().out
     assert rc == 0 and "precision" in text and "confidence frontier" in text
+    assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     router = LearnedRouter.load(out)
     assert router.trained["held_out_requests"] > 0
     # routed with the file: digits the light model slips in mostly go to the heavy model

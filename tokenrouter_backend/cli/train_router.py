@@ -24,8 +24,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the confidence rule at --confidence-threshold)")
     parser.add_argument("--confidence-threshold", type=float, default=RouterDefaults.confidence_threshold,
                         help="the confidence rule the default target comes from (default: %(default)s)")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="also draw the held-out frontier (unchecked share vs agreement) into PNG (matplotlib)")
     parser.add_argument("--critical", action="append", default=[], metavar="CLASS=VALUE",
                         help="class policy as served (critical_<class>: verify or a scale), repeatable")
+
+
+def plot_frontier(frontier, path: str) -> None:
+    import matplotlib  # noqa: PLC0415 - only with --plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, points, style in (("confidence threshold", frontier.confidence, "o-"),
+                                ("confidence + classes", frontier.confidence_rules, "s--"),
+                                ("learned router + classes", frontier.router, "^-")):
+        ax.plot([p.unchecked_share for p in points], [p.agreement for p in points], style, label=name)
+    ax.set_xlabel("unchecked share (light tokens the heavy model never checks)")
+    ax.set_ylabel("predicted agreement with heavy greedy")
+    ax.set_title("held-out route replay")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,5 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     report.router.save(args.out)
     print(report_text(report))
+    if args.plot:
+        plot_frontier(report.frontier, args.plot)
+        print(f"wrote {args.plot}")
     print(f"\nwrote {args.out}")
     return 0
