@@ -75,8 +75,8 @@ def test_router_beats_the_confidence_frontier_on_held_out_requests(records):
     f = report.frontier
     print("\n" + rt.report_text(report))
     assert report.recall > 0.5 and report.precision > 0.5 and report.recall_half > 0.5
-    best = max(f.router, key=lambda p: p.unchecked_share - rt.unchecked_at(f.confidence, p.agreement))
-    assert best.unchecked_share > rt.unchecked_at(f.confidence, best.agreement) + 0.05
+    best = max(f.router, key=lambda p: p.unchecked_share - rt.unchecked_at(f.confidence_fine, p.agreement))
+    assert best.unchecked_share > rt.unchecked_at(f.confidence_fine, best.agreement) + 0.05
     chosen = rt.predict_mask(rt.split(rt.collect_samples(records), 0.25, 0)[1].verdicts,
                              report.router.p_disagree(rt.split(rt.collect_samples(records), 0.25, 0)[1].x)
                              <= report.router.threshold, report.router.threshold)

@@ -26,6 +26,7 @@ from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, fea
 from tokenrouter_backend.core.route_gate import ClassPolicy
 from tokenrouter_backend.operations.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
 
+FINE_GRID = tuple(round(float(t), 3) for t in np.arange(0.05, 1.0, 0.005))  # the frontier compared against
 ROUTER_GRID = (0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 DEFAULT_L2 = 1e-2
 NEWTON_STEPS = 30
@@ -105,6 +106,7 @@ class Frontier:
     confidence: list[Prediction]  # plain confidence thresholds, no class rules
     confidence_rules: list[Prediction]  # confidence thresholds with the class policy
     router: list[Prediction]  # router thresholds (P(disagree)) with the class policy
+    confidence_fine: list[Prediction] = field(default_factory=list)  # FINE_GRID: what the router is compared with
 
 
 def rule_masks(s: Samples, policy: ClassPolicy) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +123,8 @@ def frontier(s: Samples, router: LearnedRouter, policy: ClassPolicy,
         conf = [predict_mask(v, v.confidence >= t, t) for t in grid]
         rules = [predict_mask(v, allowed & (v.confidence >= t * scale), t) for t in grid]
         learned = [predict_mask(v, allowed & (scores <= t / scale), t) for t in router_grid]
-    return Frontier(conf, rules, learned)
+    fine = [predict_mask(v, v.confidence >= t, t) for t in FINE_GRID]
+    return Frontier(conf, rules, learned, fine)
 
 
 def unchecked_at(points: Sequence[Prediction], agreement: float) -> float:
@@ -221,7 +224,7 @@ def report_text(r: TrainReport) -> str:
                   for p in points]
     lines.append("")
     for p in f.router:
-        base = unchecked_at(f.confidence, p.agreement)
+        base = unchecked_at(f.confidence_fine or f.confidence, p.agreement)
         lines.append(f"router {p.threshold:.3f}: agreement {p.agreement:.3f}, unchecked {p.unchecked_share:.3f} "
-                     f"vs confidence frontier {base:.3f} ({p.unchecked_share - base:+.3f})")
+                     f"vs confidence frontier {base:.3f} ({p.unchecked_share - base:+.3f}; thresholds every 0.005)")
     return "\n".join(lines)
