@@ -1,6 +1,7 @@
 """Summary of HumanEval records (``client/humaneval.py``): per format and arm, pass@1,
 tokens/s (total tokens / total time) and its ratio to heavy, light share, exact match with
-heavy's answer."""
+heavy's answer. Only problems every arm of the file finished count (a run cut short leaves
+the last problem out for all arms)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,19 @@ def read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def complete(records: list[dict]) -> list[dict]:
+    """The records of (format, task) pairs that every arm of their format answered."""
+    arms = defaultdict(set)
+    for r in records:
+        arms[r["format"]].add(r["arm"])
+    seen = defaultdict(set)
+    for r in records:
+        seen[(r["format"], r["task_id"])].add(r["arm"])
+    return [r for r in records if seen[(r["format"], r["task_id"])] == arms[r["format"]]]
+
+
 def summary(records: Iterable[dict]) -> list[dict]:
+    records = complete(list(records))
     by = defaultdict(list)
     for r in records:
         by[(r["format"], r["arm"])].append(r)
