@@ -28,9 +28,10 @@ class Recorder:
 
 def run_one(prompt, light, heavy, hooks=None, request_id="r", **given):
     defaults = RouterDefaults(heavy_first=given.pop("heavy_first", True))
+    gate = given.pop("route_gate", None)
     params = defaults.request_params({"max_tokens": 32, **given})
     out = []
-    stats = asyncio.run(generate(GenerationRequest(tuple(prompt), params), light, heavy,
+    stats = asyncio.run(generate(GenerationRequest(tuple(prompt), params, route_gate=gate), light, heavy,
                                  lambda t, s, f: out.extend(t), hooks=hooks, request_id=request_id))
     return out, stats
 

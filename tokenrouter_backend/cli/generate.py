@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from tokenrouter_backend.client.routing_view import coloured, legend
 from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
 from tokenrouter_backend.core.names import MODES, SCHEDULES
 
@@ -31,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", dest="stop_words", action="append", default=None,
                    help="stop string, matched on the generated text (repeatable)")
     p.add_argument("--end-id", type=int, default=None)
+    p.add_argument("--show-routing", action="store_true",
+                   help="colour each token by its origin: light unchecked / light verified / heavy / after a rollback")
+    p.add_argument("--no-colour", dest="colour", action="store_false",
+                   help="with --show-routing: [kind:text] marks instead of terminal colours")
 
 
 KNOB_ARGS = ("max_tokens", "router_mode", "temperature", "top_k", "top_p", "random_seed", "block_size",
@@ -43,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     knobs = {k: getattr(args, k) for k in KNOB_ARGS}
     if args.protocol == "http" and args.stop_words:
         knobs["stop_words"] = args.stop_words
+    if args.show_routing:
+        knobs["show_routing"] = True
     try:
         if args.protocol == "http":
             result = generate_http(args.url or "localhost:8000", prompt, stream=args.stream, **knobs)
@@ -54,6 +61,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"text_output": result.text, "routing_stats": result.stats,
                           "ttft_s": round(result.ttft_s, 4), "latency_s": round(result.latency_s, 4)}, indent=2))
+    elif args.show_routing:
+        runs = result.stats.get("routing")
+        if runs is None:
+            print("error: the server sent no routing runs (its router has no tokenizer, or predates show_routing)",
+                  file=sys.stderr)
+            return 1
+        print(coloured(runs, args.colour))
+        print(legend(runs, args.colour), file=sys.stderr)
     else:
         if args.stream:
             for chunk in result.chunks:

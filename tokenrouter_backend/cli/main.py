@@ -36,6 +36,10 @@ SUBCOMMANDS = (
     Subcommand("generate", "tokenrouter_backend.cli.generate", "send a generation request to a running server"),
     Subcommand("bench", "tokenrouter_backend.client.bench", "benchmark a running server"),
     Subcommand("replay", "tokenrouter_backend.cli.replay", "replay recorded requests"),
+    Subcommand("humaneval", "tokenrouter_backend.cli.humaneval",
+               "HumanEval pass@1 and tokens/s per arm (raw and chat formats) against a running server"),
+    Subcommand("train-router", "tokenrouter_backend.cli.train_router",
+               "train the learned router (route mode) on verify-mode decision logs"),
 )
 
 

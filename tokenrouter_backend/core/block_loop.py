@@ -12,7 +12,8 @@
                         back to the first token it strongly rejects, and supplies the token
         emit the tokens no later rollback can touch (and no later stop string can cut)
 
-Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
+Which route drafts count as confident is ``route_gate.RouteGate`` (critical classes, learned
+router). Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
 the decoded text (``stop_text.py``).
 
 In verify and route the heavy model prefills first and its first token is emitted at once
@@ -33,7 +34,7 @@ import numpy as np
 from tokenrouter_backend.core import policy
 from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
 from tokenrouter_backend.core.answer_cache import AnswerCache
-from tokenrouter_backend.core.block_notes import BlockNote, BlockStart
+from tokenrouter_backend.core.block_notes import BlockNote, BlockStart, block_record, note_route_verdicts
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import BranchResult, Sampling
 from tokenrouter_backend.core.branch_view import BranchView
@@ -41,15 +42,15 @@ from tokenrouter_backend.core.hooks import (
     ACTION_ACCEPT,
     ACTION_FALLBACK,
     ACTION_HEAVY,
-    ACTION_LIGHT,
     ACTION_NGRAM,
     ACTION_VERIFY,
     BlockHooks,
-    BlockRecord,
 )
 from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM, Mode
 from tokenrouter_backend.core.ngram import DraftSource, NgramDrafter, one_hot
 from tokenrouter_backend.core.params import RouterParams
+from tokenrouter_backend.core.route_gate import Decision, RouteContext, RouteGate
+from tokenrouter_backend.core.routing_trace import Kind, default_kind
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.core.stop_text import StopText, first_stop
 from tokenrouter_backend.core.stopping import StopCriteria
@@ -71,6 +72,7 @@ class GenerationRequest:
     end_id: int | None = None
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token level: the document-end tokens
     stop_text: StopText | None = None  # stop strings, matched on the decoded text
+    route_gate: RouteGate | None = None  # critical classes / learned router; None = default policy
 
     @property
     def stop(self) -> StopCriteria:
@@ -101,6 +103,8 @@ class BlockLoop:
         self.heavy = BranchView(heavy, sid, self.stats, chunk)
         self.tokens: list[int] = list(request.prompt)
         self.sources: list[str] = []  # branch of each generated token
+        self.kinds: list[str] = []  # routing_trace.Kind of each generated token (--show-routing)
+        self.low_water = 0  # with hooks: lowest generated index the current block rewrote from
         self.prompt_len = len(request.prompt)
         self.verified_len = self.prompt_len  # route: tokens the heavy model has vouched for
         self.final_len = self.prompt_len  # tokens no rollback can touch (streamable)
@@ -112,6 +116,8 @@ class BlockLoop:
         self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p, self.params.random_seed)
         self.ngram = NgramDrafter(self.params.ngram, prior, self.prompt_len)
         self.stats.answer_cache_hit = bool(prior) and self.params.ngram.enabled
+        self.gate = request.route_gate or RouteGate()
+        self.route_context = RouteContext()  # running acceptance (a learned-router feature)
 
     # ---- committing -------------------------------------------------------------------
     @property
@@ -122,13 +128,14 @@ class BlockLoop:
     def remaining(self) -> int:
         return self.params.max_tokens - self.generated
 
-    def commit(self, new, source: str) -> int:
+    def commit(self, new, source: str, kind: Kind | None = None) -> int:
         """Append tokens from ``source``; apply stop rules; returns how many stayed."""
         if self.done:
             return 0
         start = self.generated
         self.tokens.extend(int(t) for t in new)
         self.sources.extend([source] * len(new))
+        self.kinds.extend([kind or default_kind(source, self.params.mode)] * len(new))
         generated = self.tokens[self.prompt_len :]
         stop = first_stop(generated, start, self.request.stop, self.request.stop_text,
                           min_keep=self.final_len - self.prompt_len)
@@ -150,6 +157,8 @@ class BlockLoop:
     def _truncate(self, length: int) -> None:
         del self.tokens[length:]
         del self.sources[length - self.prompt_len :]
+        del self.kinds[length - self.prompt_len :]
+        self.low_water = min(self.low_water, length - self.prompt_len)
 
     # ---- modes ------------------------------------------------------------------------
     async def single_branch_block(self, view: BranchView, source: str, block: int | None = None) -> None:
@@ -193,12 +202,14 @@ class BlockLoop:
         self.stats.verify_blocks += 1
         self.stats.drafts_proposed += d
         self.stats.drafts_accepted += verdict.accepted
+        known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
         if self.hooks is not None:
-            known = min(verdict.accepted + 1, d)  # drafts after the first rejection had another prefix
             self._note = BlockNote(ACTION_VERIFY, drafted=drafts, confidence=lstep.draft_probs,
                                    entropy=lstep.draft_entropy, committed_light=verdict.accepted,
                                    heavy_agree=[i < verdict.accepted for i in range(known)],
-                                   heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known])
+                                   heavy_prob=hres.input_probs[len(hres.input_probs) - d :][:known],
+                                   gate=self._gate(lstep), acceptance=self.route_context.acceptance)
+        self.route_context.observe(verdict.accepted, known)
         self.commit(drafts[: verdict.accepted], LIGHT)
         self.commit([verdict.next_token], HEAVY)
         self.block = policy.next_block_size(self.params, self.block, d, verdict.accepted)
@@ -219,14 +230,15 @@ class BlockLoop:
             sampling=self.sampling, return_dist=want_dist,
         )
         lres, drafts = lstep.result, lstep.drafts
-        confident = policy.confident_prefix(lstep.draft_probs, lstep.draft_entropy, p)
+        gate = self._gate(lstep)
+        confident = gate.stand
         self.stats.drafts_proposed += len(drafts)
         kept = self.commit(drafts[:confident], LIGHT)
         unsure = drafts[confident:] if not self.done else drafts[:0]
         if self.hooks is not None:
             self._note = BlockNote(ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
                                    confidence=lstep.draft_probs, entropy=lstep.draft_entropy,
-                                   committed_light=kept)
+                                   committed_light=kept, gate=gate, acceptance=self.route_context.acceptance)
         accepted = confident
         if len(unsure):
             q = lres.dist[-len(unsure) :] if want_dist else None
@@ -244,7 +256,7 @@ class BlockLoop:
         hres, first_input = step.result, step.first_scored
         m = len(unsure)
         if self.hooks is not None:
-            self._note_route_verdicts(hres, first_input)
+            note_route_verdicts(self._note, hres, first_input, len(self.tokens))
         accepted = 0
         if not self._rollback(list(self.tokens), hres, first_input):
             if want_dist:
@@ -254,7 +266,8 @@ class BlockLoop:
                 verdict = accept_greedy(unsure, hres.tokens[-(m + 1) :])
             self.stats.verify_blocks += 1
             accepted = verdict.accepted
-            self.commit(unsure[:accepted], source)
+            self.route_context.observe(accepted, min(accepted + 1, m))
+            self.commit(unsure[:accepted], source, Kind.LIGHT_VERIFIED if source == LIGHT else Kind.COPIED)
             self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
@@ -289,6 +302,12 @@ class BlockLoop:
         if self.hooks is not None:
             self._note = BlockNote(ACTION_NGRAM, ngram_drafted=d, ngram_accepted=accepted)
 
+    def _gate(self, lstep) -> Decision:
+        """The route gate on this block's drafts (classes, router scores, how many stand)."""
+        return self.gate.decide(self.tokens[-1] if self.tokens else None, lstep.drafts, lstep.draft_probs,
+                                lstep.draft_entropy, self.generated, self.params, self.route_context,
+                                self.request.end_tokens)
+
     def _rollback(self, seq: list[int], hres: BranchResult, first_input: int) -> bool:
         """Roll back to the first unvouched token of ``seq`` (the committed tokens + cut-off
         ending tokens) heavy rejects, strongly or by ending there; commit heavy's choice."""
@@ -308,7 +327,8 @@ class BlockLoop:
         restored = seq[len(self.tokens) : position]  # cut-off ending tokens before the rejection stand
         self.tokens.extend(restored)
         self.sources.extend([LIGHT] * len(restored))
-        self.commit([hres.tokens[lo + reject]], HEAVY)
+        self.kinds.extend([Kind.LIGHT_UNCHECKED] * len(restored))
+        self.commit([hres.tokens[lo + reject]], HEAVY, Kind.ROLLED_BACK)
         return True
 
     def _unvouched_from(self) -> int:
@@ -330,21 +350,6 @@ class BlockLoop:
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()
 
-    def _note_route_verdicts(self, hres: BranchResult, first_input: int) -> None:
-        """Heavy's verdict on every token drafted in this block (all were sent to heavy)."""
-        note, end = self._note, len(self.tokens)
-        drafted, kept = note.drafted, note.committed_light
-        agree, probs = [], []
-        for i in range(len(drafted)):
-            q = end - kept + i  # sequence position of drafted[i]
-            j = q - first_input - 1  # heavy result index of its choice at q
-            if j < 0:
-                agree, probs = [], []  # heavy did not score this one: keep only a full suffix
-                continue
-            agree.append(int(hres.tokens[j]) == int(drafted[i]))
-            probs.append(float(hres.input_probs[j]))
-        note.heavy_agree, note.heavy_prob = agree, probs
-
     # ---- driver -----------------------------------------------------------------------
     async def run_block(self) -> None:
         if self.hooks is None:
@@ -358,26 +363,9 @@ class BlockLoop:
             s.degraded_threshold = min(s.degraded_threshold, t) if s.degraded_threshold else t
         before = BlockStart.of(self)
         self._note = BlockNote()
+        self.low_water = self.generated
         await self._run_block(plan.mode)
-        self.hooks.after_block(self._record(plan.mode, before))
-
-    def _record(self, mode: Mode, before: BlockStart) -> BlockRecord:
-        n, s = self._note, self.stats
-        default_action = ACTION_HEAVY if mode in (Mode.HEAVY, Mode.VERIFY) else ACTION_LIGHT
-        agree = tuple(bool(a) for a in n.heavy_agree)
-        return BlockRecord(
-            request_id=self.request_id, position=before.generated, mode=str(mode), action=n.action or default_action,
-            block_size=before.block, drafted=tuple(int(t) for t in n.drafted),
-            confidence=tuple(round(float(x), 5) for x in n.confidence),
-            entropy=tuple(round(float(x), 5) for x in n.entropy),
-            committed_light=int(n.committed_light), heavy_agree=agree,
-            heavy_prob=tuple(round(float(x), 5) for x in n.heavy_prob)[: len(agree)],
-            rolled_back=s.rolled_back_tokens - before.rolled_back_tokens,
-            heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
-            heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
-            latency_ms=(time.perf_counter() - before.started) * 1e3, committed=self.generated - before.generated,
-            ngram_drafted=n.ngram_drafted, ngram_accepted=n.ngram_accepted,
-        )
+        self.hooks.after_block(block_record(self, plan.mode, before))
 
     async def _run_block(self, mode: Mode) -> None:
         if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:
@@ -428,6 +416,7 @@ class BlockLoop:
         s.light_tokens = self.sources.count(LIGHT)
         s.heavy_tokens = self.sources.count(HEAVY)
         s.ngram_tokens = self.sources.count(NGRAM)
+        s.token_kinds = "".join(self.kinds)
         if self.params.mode == Mode.ROUTE:
             s.drafts_accepted = s.light_tokens
         s.light_skipped = self.params.mode in (Mode.VERIFY, Mode.ROUTE) and not self.light.opened

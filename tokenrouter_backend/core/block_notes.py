@@ -5,6 +5,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from tokenrouter_backend.core.hooks import ACTION_HEAVY, ACTION_LIGHT, BlockRecord
+from tokenrouter_backend.core.names import Mode
+
 
 @dataclass
 class BlockNote:
@@ -19,6 +22,8 @@ class BlockNote:
     heavy_prob: Sequence[float] = ()  # heavy prob of those tokens
     ngram_drafted: int = 0  # n-gram drafts the heavy model checked in this block
     ngram_accepted: int = 0  # of those, how many stood
+    gate: object = None  # route_gate.Decision: the route gate's view of the drafts (classes, router scores)
+    acceptance: float = 0.0  # the request's running acceptance when the block began
 
 
 @dataclass(frozen=True)
@@ -39,3 +44,41 @@ class BlockStart:
         s = loop.stats
         return cls(loop.generated, s.heavy_calls, s.heavy_ms, s.heavy_forward_ms, s.light_ms,
                    s.rolled_back_tokens, time.perf_counter(), loop.block)
+
+
+def block_record(loop, mode: Mode, before: BlockStart) -> BlockRecord:
+    """The ``BlockRecord`` of the block ``loop`` just ran (hooks)."""
+    n, s = loop._note, loop.stats
+    default_action = ACTION_HEAVY if mode in (Mode.HEAVY, Mode.VERIFY) else ACTION_LIGHT
+    agree = tuple(bool(a) for a in n.heavy_agree)
+    return BlockRecord(
+        request_id=loop.request_id, position=before.generated, mode=str(mode), action=n.action or default_action,
+        block_size=before.block, drafted=tuple(int(t) for t in n.drafted),
+        confidence=tuple(round(float(x), 5) for x in n.confidence),
+        entropy=tuple(round(float(x), 5) for x in n.entropy),
+        committed_light=int(n.committed_light), heavy_agree=agree,
+        heavy_prob=tuple(round(float(x), 5) for x in n.heavy_prob)[: len(agree)],
+        rolled_back=s.rolled_back_tokens - before.rolled_back_tokens,
+        heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
+        heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
+        latency_ms=(time.perf_counter() - before.started) * 1e3, committed=loop.generated - before.generated,
+        ngram_drafted=n.ngram_drafted, ngram_accepted=n.ngram_accepted,
+        **(n.gate.record_fields() if n.gate is not None else {}), acceptance=round(float(n.acceptance), 5),
+        output_from=loop.low_water, output=tuple(loop.tokens[loop.prompt_len + loop.low_water :]),
+        output_kinds="".join(loop.kinds[loop.low_water :]))
+
+
+def note_route_verdicts(note: BlockNote, hres, first_input: int, end: int) -> None:
+    """Heavy's verdict on every token drafted in this block (all were sent to heavy);
+    ``end``: the sequence length after the block's commits."""
+    drafted, kept = note.drafted, note.committed_light
+    agree, probs = [], []
+    for i in range(len(drafted)):
+        q = end - kept + i  # sequence position of drafted[i]
+        j = q - first_input - 1  # heavy result index of its choice at q
+        if j < 0:
+            agree, probs = [], []  # heavy did not score this one: keep only a full suffix
+            continue
+        agree.append(int(hres.tokens[j]) == int(drafted[i]))
+        probs.append(float(hres.input_probs[j]))
+    note.heavy_agree, note.heavy_prob = agree, probs

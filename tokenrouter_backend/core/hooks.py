@@ -57,6 +57,12 @@ class BlockRecord:
     committed: int  # tokens added to the output by this block (after rollbacks)
     ngram_drafted: int = 0  # n-gram drafts the heavy model checked (action "ngram")
     ngram_accepted: int = 0  # of those, how many stood
+    token_class: tuple[int, ...] = ()  # TokenClass per drafted token (token_classes.py)
+    router_score: tuple[float, ...] = ()  # learned router's P(disagree) per drafted token; () = none
+    acceptance: float = 0.0  # the request's running acceptance when the block began (a router feature)
+    output_from: int = -1  # generated index this block's output starts at (a rollback rewrites); -1 = unknown
+    output: tuple[int, ...] = ()  # the answer's tokens from output_from on, after this block
+    output_kinds: str = ""  # routing_trace.Kind of each of them
 
     def verdicts(self) -> list[Verdict]:
         return [

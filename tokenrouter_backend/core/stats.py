@@ -46,6 +46,7 @@ class RequestStats:
     answer_cache_hit: bool = False  # the decision cache held an earlier answer to this prompt
     answer_drafts_proposed: int = 0  # drafts taken from that answer, checked by the heavy model
     answer_drafts_accepted: int = 0  # of those, how many stood
+    token_kinds: str = ""  # routing_trace.Kind per generated token (not in to_dict: show_routing adds runs)
 
     @property
     def light_share(self) -> float:
@@ -58,6 +59,7 @@ class RequestStats:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        d.pop("token_kinds")
         d["light_share"] = round(self.light_share, 4)
         d["mean_accepted"] = round(self.mean_accepted, 3)
         per_token = self.heavy_calls / self.generated_tokens if self.generated_tokens else 0.0

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
 from tokenrouter_backend.engine.step_timing import step_ms
 
@@ -69,6 +70,7 @@ class ExportOptions:
     max_context: int = 0  # 0 = min of the two models' max_position_embeddings
     template: Path | None = DEFAULT_TEMPLATE  # None: build the ONNX branches only
     work_dir: Path | None = None  # None: default_work_dir(OUT)
+    router: Path | None = None  # a learned router (train-router) shipped as router/1/router.json
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -328,6 +330,7 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
         "max_context": max_ctx, "end_id": tokenizer.eos_token_id, "vocab_size": h_info.vocab_size,
         "stop_token_ids": ",".join(str(i) for i in stop_ids),
         "heavy_precision": heavy.precision, "light_precision": light.precision,
+        "router_file": ROUTER_FILE if options.router else "",
     }
 
 
@@ -351,6 +354,8 @@ def default_work_dir(out: Path) -> Path:
 def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOptions()) -> dict:
     """Export a pair; returns the export report (also OUT/export.json when a template is used)."""
     t0 = time.perf_counter()
+    if options.router:
+        LearnedRouter.load(options.router)  # refuse a bad router file before the long export
     heavy_source, light_source = resolve_source(heavy_src), resolve_source(light_src)
     with progress.stage("tokenizer", "load and compare heavy/light"):
         tokenizer = load_tokenizer(heavy_source)
@@ -372,9 +377,20 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
         with progress.stage("repository", f"fill {out}"):
             fill_repository(options.template, out, values, {"heavy": work / "heavy", "light": work / "light"},
                             tok_dir, report)
+            if options.router:
+                place_router(options.router, out)
     else:
         (work / "export.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
+
+
+ROUTER_FILE = "router.json"  # router_file of an export with --router (read from router/1/)
+
+
+def place_router(path: Path, out: Path) -> None:
+    """Check a learned router file and copy it into the router's version directory."""
+    LearnedRouter.load(path)  # a file for other features is refused here, not at serve time
+    shutil.copyfile(path, out / "router" / "1" / ROUTER_FILE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -392,6 +408,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per branch (0 = default)")
     parser.add_argument("--max-context", type=int, default=0, help="0 = the models' max positions")
     parser.add_argument("--skip-validation", action="store_true", help="do not compare with transformers")
+    parser.add_argument("--router", type=Path, default=None,
+                        help="learned router (tokenrouter train-router) to ship; router_file points at it")
     parser.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE, help="model repository template")
     parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
     parser.add_argument("--work-dir", type=Path, default=None,
@@ -407,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         options = ExportOptions(
             device=args.device, runtime=args.runtime, light_quant=args.light_quant, threads=args.threads,
             skip_validation=args.skip_validation, max_context=args.max_context,
-            template=None if args.onnx_only else args.template, work_dir=args.work_dir,
+            template=None if args.onnx_only else args.template, work_dir=args.work_dir, router=args.router,
         )
         log = progress.ExportLog(args.log or progress.default_log_path())
         with progress.active(log):

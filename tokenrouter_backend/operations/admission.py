@@ -11,6 +11,8 @@ A/B arm (``request`` arm runs heavy) > configured ``mode``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -30,6 +32,7 @@ from tokenrouter_backend.operations.ab import (
 from tokenrouter_backend.operations.decision_log import DEFAULT_BACKUPS, DecisionLog
 from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
 from tokenrouter_backend.operations.override import DEFAULT_CHECK_MS, OverrideWatcher
+from tokenrouter_backend.operations.request_policy import RequestPolicyConfig, decide
 from tokenrouter_backend.operations.threshold_control import (
     ConservativeConfig,
     ConservativeStart,
@@ -72,6 +75,7 @@ class RequestInfo:
     explicit_mode: bool  # the client set router_mode
     decision_log: bool | None = None  # input decision_log
     dynamic_quantile: float | None = None  # input dynamic_threshold_quantile
+    prompt_text: str | None = None  # the decoded prompt (filled only when request_policy is on)
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class Operations:
         self.load = LoadController(self.load_config)
         self.cost_config = dataclass_from_config(CostConfig, parameters, "cost_")
         self.overload = dataclass_from_config(OverloadConfig, parameters, "overload_")
+        self.request_policy = dataclass_from_config(RequestPolicyConfig, parameters, "request_").check()
         self.costs = BranchCosts(self.cost_config)  # the router's branches feed its curves
         self.conservative = ConservativeStart(dataclass_from_config(ConservativeConfig, parameters, "conservative_"),
                                               defaults.confidence_threshold)
@@ -101,6 +106,7 @@ class Operations:
         self.log = (DecisionLog(c.decision_log_path, int(c.decision_log_max_mb * (1 << 20)), c.decision_log_backups)
                     if c.decision_log_path else None)
         self.metrics = None
+        self._anonymous = (f"anon-{secrets.token_hex(4)}-{n}" for n in itertools.count())  # ids for id-less requests
         self._dropped_seen = {"log": 0, "metrics": 0}  # drop counts already sent to metrics
         if c.metrics and pb_utils is not None:
             from tokenrouter_backend.operations.metrics import RouterMetrics  # noqa: PLC0415 - only with a server
@@ -115,6 +121,9 @@ class Operations:
         else:
             arm = choose_arm(request_key(info.request_id, info.prompt), self.config.ab_route_percent)
             mode = BASELINE_MODE if arm == ARM_REQUEST else params.mode
+            if arm == ARM_REQUEST and self.request_policy.policy and info.prompt_text is not None:
+                params = decide(self.request_policy, params, info.prompt_text)[0]  # request-level routing
+                mode = params.mode
         if mode != params.mode:
             params = dataclasses.replace(params, mode=mode)
         log = self._wants_log(info.decision_log)
@@ -123,7 +132,8 @@ class Operations:
         if (log or quantile > 0 or self.load_config.control or self.conservative.config.start
                 or self.cost_config.model or self.overload.degradation):
             hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt))
-        return Admission(params, arm, info.request_id, hooks)
+        # the decision log tells requests apart (train-router splits by request): id-less ones get one
+        return Admission(params, arm, info.request_id or next(self._anonymous), hooks)
 
     def _wants_log(self, asked: bool | None) -> bool:
         if asked and self.log is None:

