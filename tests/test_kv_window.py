@@ -107,7 +107,35 @@ def test_router_sends_a_windowed_light_prefill_whole_and_defaults_apply_to_verif
     light, heavy = make_pair()
     prompt = tuple(i % 39 + 1 for i in range(40))  # the fake vocabulary is 40
     asyncio.run(generate(GenerationRequest(prompt, params), light, heavy, lambda *a: None))
-    first_light = next(op for op in light.ops if not op.release)
-    assert len(first_light.input_ids) >= len(prompt) and first_light.kv_window == 16  # one call, not 5 chunks
+    light_ops = [op for op in light.ops if not op.release]
+    # the part before the window in one call with a window of 1 (the branch feeds its sink
+    # only), then the last 16 positions in chunks of 8 like any input
+    first = light_ops[0]
+    assert first.kv_window == 1 and first.keep_len == 0 and len(first.input_ids) >= len(prompt) + 1 - 16
+    assert all(op.kv_window == 16 for op in light_ops[1:])
+    assert max(len(op.input_ids) for op in light_ops[1:]) <= 16
     assert all(op.kv_window == 0 for op in heavy.ops)
-    assert [len(op.input_ids) for op in heavy.ops[:5]] == [8] * 5  # heavy still chunked
+    assert [len(op.input_ids) for op in heavy.ops[:5]] == [8] * 5  # heavy chunked
+
+
+def test_windowed_sessions_share_blocks_until_they_drop_positions():
+    model = ToyLM(max_positions=256)
+    eng = engine(model, prefix_cache_block_tokens=4)
+    ok(eng.run([BranchOp(1, 0, PROMPT, score_last=1)])[0])
+    ok(eng.run([BranchOp(1, len(PROMPT), (3,), score_last=1)])[0])  # promotes the prompt's blocks
+    short = ok(eng.run([BranchOp(2, 0, PROMPT[:12], score_last=1, kv_window=WINDOW)])[0])
+    assert short.reused_tokens == 11 and eng.store.get(2).blocks  # nothing dropped yet: shared
+    token, _ = cut_reference(model, PROMPT[:12], list(range(12)))
+    assert int(short.tokens[0]) == token
+    # the same session grows past its window: blocks become its own, then positions go
+    res = ok(eng.run([BranchOp(2, 12, PROMPT[12:], score_last=1, kv_window=WINDOW)])[0])
+    s = eng.store.get(2)
+    assert not s.blocks and s.gap > 0 and s.entries <= SINK + WINDOW + WINDOW // 4
+    assert all(b.refs == 1 for b in eng.store.get(1).blocks)  # session 1 still holds its blocks alone
+    # positions 12..: fed with the full prefix visible, then the old ones dropped: compare
+    # with the same steps on a store without a prefix cache
+    plain = engine(model, prefix_cache=False)
+    ok(plain.run([BranchOp(2, 0, PROMPT[:12], score_last=1, kv_window=WINDOW)])[0])
+    ref = ok(plain.run([BranchOp(2, 12, PROMPT[12:], score_last=1, kv_window=WINDOW)])[0])
+    assert int(res.tokens[0]) == int(ref.tokens[0])
+    np.testing.assert_allclose(res.token_probs, ref.token_probs, atol=1e-5)

@@ -89,9 +89,14 @@ class BranchView:
         first = len(seq) - 1 if score_from is None else min(max(score_from, keep), len(seq) - 1)
         scored = len(seq) - first
         pos = keep
-        # with a KV window the branch computes at most sink + window of any input: one call,
-        # so it can leave the middle out (chunks would each be fed before the window moves)
-        chunk = max(self.prefill_chunk, len(seq)) if self.kv_window else self.prefill_chunk
+        window, chunk = self.kv_window, self.prefill_chunk
+        if window and len(seq) - pos > window + max(chunk, scored):
+            # the branch keeps only its sink and the last ``window`` positions: one call with
+            # a window of 1 feeds the sink and leaves the rest before the window out
+            end = len(seq) - window
+            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:end]), score_last=1, kv_window=1))
+            self.cache = seq[:end]
+            pos = end
         while len(seq) - pos > max(chunk, scored):
             size = min(chunk, len(seq) - pos - scored)
             await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:pos + size]), score_last=1,

@@ -56,7 +56,7 @@ class RouterDefaults:
     ngram_min: int = 3  # shortest suffix an n-gram draft matches
     ngram_max: int = 5  # longest suffix an n-gram draft matches (tried first)
     ngram_max_draft: int = 16  # most n-gram tokens one heavy check carries
-    light_kv_window: int = 0  # light branch keeps its sink + this many recent positions; 0 = all
+    light_kv_window: int = 512  # verify: light branch keeps its sink + this many recent positions; 0 = all
     answer_cache_entries: int = 256  # decision cache: earlier answers kept (by prompt) as drafts; 0 = off
 
     @classmethod

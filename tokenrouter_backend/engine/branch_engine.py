@@ -186,8 +186,11 @@ class BranchEngine:
             kv_window.start(session, sink)
         window = kv_window.plan(session, op.keep_len, n, first_scored, op.kv_window, sink) if session.windowed \
             else kv_window.NO_PLAN
+        if window is not kv_window.NO_PLAN:  # positions go: shared blocks become the session's own
+            self.store.unshare(session)
         kv_window.evict(session, window.evict_to)
-        reused = self.store.attach_prefix(session, op.input_ids, limit=first_scored)
+        reused = self.store.attach_prefix(session, op.input_ids, limit=first_scored) \
+            if window is kv_window.NO_PLAN else 0
         self.store.reserve(session, need - window.skip)
         work = _Work(index, op, session, first_scored=first_scored, fed=reused, reused=reused,
                      skip_at=window.skip_at, skip_len=window.skip)

@@ -96,7 +96,7 @@ class Session:
         self.last_use = now
         self.blocks: list[CachedBlock] = []  # shared read-only prefix (prefix cache on)
         self.tokens: list[int] = []  # the token of each held position (prefix cache on)
-        self.windowed = False  # a KV window (``kv_window.py``): no prefix blocks, positions may be missing
+        self.windowed = False  # a KV window (``kv_window.py``): positions may be dropped (then no sharing)
         self.sink = 0  # windowed: leading positions always kept
         self.gap = 0  # windowed: positions after the sink whose KV is gone (or was never computed)
 
@@ -231,7 +231,7 @@ class KVStore:
                 f"{self.name}: keep_len {keep_len} is outside session {session_id}'s cache of "
                 f"{s.length} tokens (allowed 0..{s.length})")
         self._truncate(s, keep_len)
-        if self.prefix_cache is not None and not s.windowed:
+        if self.prefix_cache is not None and not s.gap:  # a window's entries lost context: never shared
             self._promote(s)
         s.last_use = self.clock()
         self._sessions.move_to_end(session_id)
@@ -314,13 +314,32 @@ class KVStore:
             s.buf = new
             self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
 
+    def unshare(self, s: Session) -> None:
+        """Copy ``s``'s shared blocks into its own tail and let them go (before a KV window
+        drops positions: shared blocks are read-only)."""
+        if not s.blocks:
+            return
+        held, prefix = s.entries - s.prefix_len, s.prefix_len
+        new = self.arrays.empty(tuple(s.buf.shape[:3]) + (grown_capacity(MIN_CAPACITY, s.entries, self.shape.max_len),)
+                                + tuple(s.buf.shape[4:]))
+        at = 0
+        for blk in s.blocks:
+            size = blk.kv.shape[3]
+            new[:, :, :, at:at + size] = blk.kv
+            at += size
+        new[:, :, :, prefix:prefix + held] = s.buf[:, :, :, :held]
+        self._bytes += new.nbytes - s.nbytes
+        self.prefix_cache.release(s.blocks)
+        s.blocks, s.buf = [], new
+        self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
+
     def attach_prefix(self, s: Session, input_ids, limit: int) -> int:
         """Take cached KV for the leading ``input_ids`` of a session with no tail, at most
         ``limit`` positions: whole blocks shared, then the leading positions of the next
         block copied when all its tokens are in ``input_ids``. Returns the positions taken
         (the caller feeds the rest)."""
         cache = self.prefix_cache
-        if cache is None or s.windowed or s.length != s.prefix_len or limit <= 0:
+        if cache is None or s.gap or s.length != s.prefix_len or limit <= 0:
             return 0
         size, got = cache.block_tokens, 0
         cache.stats.lookup_tokens += len(input_ids)
@@ -363,7 +382,7 @@ class KVStore:
             s.buf[layer, 0, :, lo:hi] = k[row, :, :count]
             s.buf[layer, 1, :, lo:hi] = v[row, :, :count]
         s.length = end
-        if self.prefix_cache is not None and not s.windowed:
+        if self.prefix_cache is not None and not s.gap:
             s.tokens.extend(int(t) for t in token_ids[:count])
             if len(s.tokens) != end:
                 raise BranchError(f"{self.name}: KV append of {count} positions came with "

@@ -9,7 +9,10 @@ with its middle cut out. Meant for the light branch: the heavy model checks what
 drafts, so a light model that forgot the middle of a long context costs acceptance, never
 correctness.
 
-Kept entries are positions ``[0, sink)`` and ``[sink + gap, length)``. The window moves
+Kept entries are positions ``[0, sink)`` and ``[sink + gap, length)``. Until a position is
+dropped a windowed session is an ordinary one (prefix cache included); the step that drops
+positions first copies any shared blocks into the session's own buffer, and from then on
+it shares nothing (its KV no longer is a function of the tokens alone). The window moves
 only when it has overgrown by a quarter (amortized: one copy of W entries per W/4 tokens).
 A step may not truncate into the gap (``SessionMissing``: the router re-prefills).
 Framework-free; works on any ``KVStore`` session buffer kind.
