@@ -151,3 +151,20 @@ def test_cache_off_keeps_sessions_private():
     eng = engine(False)
     conversation(eng, 1, SYSTEM, steps=1)
     assert eng.store.prefix_cache is None and not eng.store.get(1).blocks
+
+
+def test_idle_blocks_yield_to_a_growing_live_session():
+    model = ToyLM(max_positions=256)
+    shape = KVShape.from_info(model.info)
+    per_token = shape.bytes_per_token()
+    store = KVStore(shape, budget_bytes=200 * per_token, name="heavy", prefix_cache=PrefixCache(BLOCK))
+    eng = engine(True, model=model, store=store)
+    conversation(eng, 1, tuple(int(t) for t in np.arange(100) % 47 + 1), steps=1)
+    eng.run([BranchOp(1, 0, (1,), release=True)])
+    assert store.prefix_cache.idle_bytes >= 100 * per_token
+    keep, peak = 0, 0
+    for i in range(8):  # a live session grows by 16 tokens a step to 128
+        ids = tuple(int(t) for t in (np.arange(16) + 3 * i) % 43 + 2)
+        keep = ok(eng.run([BranchOp(2, keep, ids, score_last=1)])[0]).session_len
+        peak = max(peak, store.bytes_in_use)
+    assert peak <= 200 * per_token and store.prefix_cache.stats.evicted_blocks > 0

@@ -258,6 +258,7 @@ class KVStore:
     def _new_tail(self, s: Session, cap: int) -> None:
         """Give ``s`` a private tail of ``cap`` positions holding its current tail tokens."""
         held = s.entries - s.prefix_len
+        self._make_room((cap - s.buf.shape[3]) * self.shape.bytes_per_token())  # idle cached blocks yield
         new = self.arrays.empty(tuple(s.buf.shape[:3]) + (cap,) + tuple(s.buf.shape[4:]))
         new[:, :, :, :held] = s.buf[:, :, :, :held]
         self._bytes += new.nbytes - s.nbytes
@@ -301,6 +302,7 @@ class KVStore:
             key = block_key(parent, s.tokens[start:start + size])
             blk = cache.acquire(key)
             if blk is None:
+                self._make_room(size * self.shape.bytes_per_token())  # idle blocks yield to a live session's
                 kv = self.arrays.empty(tuple(s.buf.shape[:3]) + (size,) + tuple(s.buf.shape[4:]))
                 kv[...] = s.buf[:, :, :, moved * size:(moved + 1) * size]
                 blk = cache.insert(key, kv, size * self.shape.bytes_per_token())
