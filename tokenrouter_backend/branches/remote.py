@@ -36,6 +36,9 @@ from tokenrouter_backend.core.branch_protocol import (
     result_from_arrays,
 )
 
+# outputs a branch of an older repository may lack (``result_from_arrays`` defaults them)
+OPTIONAL_OUTPUTS = frozenset(TENSOR_OUTPUTS[k] for k in ("dist", "forward_tokens", "forwards", "reused_tokens"))
+
 log = logging.getLogger("tokenrouter.remote_branch")
 
 HEAVY_URL_ENV = "TOKENROUTER_HEAVY_URL"  # overrides the router's heavy_url parameter
@@ -183,13 +186,14 @@ class RemoteBranch(Branch):
             tensor = grpcclient.InferInput(name, list(array.shape), _INPUT_DTYPES[name])
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
-        outputs = [grpcclient.InferRequestedOutput(n) for n in TENSOR_OUTPUTS.values()]
-        return inputs, outputs
+        # no requested outputs: the server returns every output its model has, so a heavy server
+        # whose config predates an optional output (reused_tokens, ...) still answers
+        return inputs, None
 
     def _result(self, response) -> BranchResult:
         def get(name):
             array = response.as_numpy(name)
-            if array is None and name != TENSOR_OUTPUTS["dist"]:
+            if array is None and name not in OPTIONAL_OUTPUTS:
                 raise BranchError(f"{self.where}: response lacks output '{name}'")
             return array
 

@@ -449,7 +449,11 @@ async def generate(
     this one.
     """
     started = time.perf_counter()
-    prior = answers.get(request.prompt) if answers is not None and request.params.answer_cache else ()
+    p = request.params
+    # greedy only: drafted from an earlier answer, a sampled answer would depend on the server's
+    # history (same seed, other draws); greedy answers are identical either way
+    use = answers is not None and p.answer_cache and p.ngram.enabled and p.temperature <= 0
+    prior = answers.get(request.prompt) if use else ()
     loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id, prior=prior)
     try:
         while not loop.done:

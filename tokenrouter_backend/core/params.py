@@ -130,7 +130,7 @@ class RouterParams:
             prefill_chunk_tokens=_int_in("prefill_chunk_tokens", d.prefill_chunk_tokens, 1, 1 << 20),
             heavy_first=d.heavy_first,
             allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
-            ngram=_ngram_settings(d, pick("ngram_drafts", d.ngram_drafts)),
+            ngram=_ngram_settings(d, mode, given.get("ngram_drafts")),
             light_kv_window=_light_window(d, mode, given.get("light_kv_window")),
             answer_cache=_bool("answer_cache", pick("answer_cache", True)),
         )
@@ -145,7 +145,11 @@ def _light_window(d: RouterDefaults, mode: Mode, asked: Any) -> int:
     return window if mode == Mode.VERIFY else 0
 
 
-def _ngram_settings(d: RouterDefaults, enabled: Any) -> NgramSettings:
+def _ngram_settings(d: RouterDefaults, mode: Mode, asked: Any) -> NgramSettings:
+    """As asked, else the config default in verify mode only: there the drafts cannot change
+    a greedy answer; a route request asks for them (they replace light tokens by heavy-checked
+    copies, so route's light-share limits would no longer hold by default)."""
+    enabled = asked if asked is not None else d.ngram_drafts and mode == Mode.VERIFY
     low = _int_in("ngram_min", d.ngram_min, 1, 64)
     high = _int_in("ngram_max", d.ngram_max, low, 64)
     longest = _int_in("ngram_max_draft", d.ngram_max_draft, 1, 256)

@@ -168,8 +168,8 @@ class BranchEngine:
             raise BranchError(f"{self.name}: draft_len {op.draft_len} outside 0..{self.config.max_draft_len}")
         if not 0 <= op.score_last <= n:
             raise BranchError(f"{self.name}: score_last {op.score_last} outside 0..{n} (0 = every input position)")
-        if not 0 <= op.kv_window <= self.max_len:
-            raise BranchError(f"{self.name}: kv_window {op.kv_window} outside 0..{self.max_len} (0 = all positions)")
+        if op.kv_window < 0:
+            raise BranchError(f"{self.name}: kv_window {op.kv_window} must be >= 0 (0 = all positions)")
         if op.keep_len + n > self.max_len:
             raise BranchError(
                 f"{self.name}: session {op.session_id} would hold keep_len {op.keep_len} + {n} new "
@@ -177,14 +177,15 @@ class BranchEngine:
         need = min(op.keep_len + n + max(op.draft_len - 1, 0), self.max_len)
         first_scored = n - (op.score_last or n)
         sink = self.config.kv_sink_tokens
+        width = op.kv_window if op.kv_window + sink < self.max_len else 0  # a window the model exceeds: none
         if op.keep_len == 0:
             fresh = Session(op.session_id, None, 0.0)  # what a new session's window would skip
-            skipped = kv_window.plan(fresh, 0, n, first_scored, op.kv_window, sink).skip
+            skipped = kv_window.plan(fresh, 0, n, first_scored, width, sink).skip
             self.store.admit(op.session_id, need - skipped)
         session = self.store.open(op.session_id, op.keep_len)
-        if op.kv_window and session.length == 0 and not session.windowed:
+        if width and session.length == 0 and not session.windowed:
             kv_window.start(session, sink)
-        window = kv_window.plan(session, op.keep_len, n, first_scored, op.kv_window, sink) if session.windowed \
+        window = kv_window.plan(session, op.keep_len, n, first_scored, width, sink) if session.windowed \
             else kv_window.NO_PLAN
         if window is not kv_window.NO_PLAN:  # positions go: shared blocks become the session's own
             self.store.unshare(session)
