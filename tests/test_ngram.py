@@ -74,7 +74,8 @@ def test_route_sends_ngram_drafts_to_heavy():
     ref, _, _, _ = run(prompt, "heavy", max_tokens=30)
     light, heavy = make_pair()
     # threshold above 1: no light token may stand unchecked, so route is exact here
-    out, stats, _, _ = run(prompt, "route", light, heavy, max_tokens=30, confidence_threshold=1.5)
+    out, stats, _, _ = run(prompt, "route", light, heavy, max_tokens=30, confidence_threshold=1.5,
+                           ngram_drafts=True)  # route uses them only when asked
     assert out == ref
     assert stats.ngram_tokens >= 20 and stats.ngram_drafts_accepted == stats.ngram_tokens
 
