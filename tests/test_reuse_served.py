@@ -10,7 +10,6 @@ one server. ~1.5 min on 2 CPU cores.
 """
 from __future__ import annotations
 
-import re
 import shutil
 import time
 import urllib.request
@@ -19,19 +18,12 @@ from pathlib import Path
 import pytest
 
 from support.serving_helpers import router_tokens
+from support.triton_repo import set_params
 
 pytestmark = pytest.mark.triton
 
 CODE = Path(shutil.__file__).read_text()[:20000]
 CHUNK = 32
-
-
-def set_params(config: Path, **params) -> None:
-    text = config.read_text()
-    for key, value in params.items():
-        text, n = re.subn(rf'(key: "{key}",? value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
-        assert n == 1, (config, key)
-    config.write_text(text)
 
 
 def repository(tmp_path: Path, tiny_repository: Path, cache: bool, answers: int = 0) -> Path:

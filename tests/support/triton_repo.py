@@ -7,6 +7,7 @@ the server's PYTHONPATH/PATH let model.py files import the project and the venv'
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -63,3 +64,12 @@ def write_python_model(repo: Path, name: str, model_py: str,
 def write_failing_model(repo: Path, name: str, message: str) -> Path:
     """A model whose ``initialize`` raises ``RuntimeError(message)``."""
     return write_python_model(repo, name, FAILING_MODEL.format(message=message))
+
+
+def set_params(config: Path, **params) -> None:
+    """Set config.pbtxt ``parameters`` values (each key must occur exactly once)."""
+    text = config.read_text()
+    for key, value in params.items():
+        text, n = re.subn(rf'(key: "{key}",? value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
+        assert n == 1, (config, key)
+    config.write_text(text)
