@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 URL=$1 TOKENIZER=$2 OUT=$3
+mkdir -p "$OUT"
 AIPERF=${AIPERF:-.venv-aiperf/bin/aiperf}
 for mode in ${MODES:-heavy verify route}; do
   for c in ${CONCURRENCIES:-1 4 8}; do

@@ -167,3 +167,60 @@ def test_overload_degradation_needs_the_server_and_the_request():
         plan = _plan(ops, router_mode="route", allow_degradation=request)
         assert plan.degraded == expect and plan.mode == Mode.ROUTE
         assert plan.params.confidence_threshold == pytest.approx(0.6 if expect else 0.8)
+
+
+# ---- free drafts (n-gram): planned on the heavy curve alone ---------------------------
+MEASURED_CPU = Curve(fixed=1257.0, per_token=61.0)  # the demo heavy on 2 cores (docs/benchmarks.md)
+
+
+def test_free_drafts_pay_where_the_heavy_forward_has_a_fixed_part():
+    two = Planner(MEASURED_CPU, Curve(261.0, 31.0), heavy_batch=2, light_batch=2)
+    assert two.best_free_block(0.7, 16) >= 4  # a good copy source: long n-gram drafts
+    assert two.best_free_block(0.05, 16) == 0  # copies that never match are not sent
+    assert CPU_LIKE.best_free_block(0.9, 16) == 0  # pure per-token cost: even good copies cost a step each
+    assert GPU_LIKE.best_free_block(0.5, 16) >= 4  # memory-bound: drafts nearly free
+    assert GPU_LIKE.best_free_block(0.9, 16) >= 12
+    for a in (0.1, 0.4, 0.7, 0.9):  # never planned below a heavy-only step
+        k = two.best_free_block(a, 16)
+        assert expected_tokens(k, a) / two.heavy_check_ms(k) >= 1.0 / two.heavy_check_ms(0)
+
+
+def test_ngram_acceptance_prior_and_verdicts():
+    costs = BranchCosts(CostConfig(ngram_prior_acceptance=0.5, prior_weight=8))
+    assert costs.ngram_acceptance == pytest.approx(0.5)
+    costs.observe_ngram_verdicts(0, 40)
+    assert costs.ngram_acceptance < 0.1
+    assert costs.acceptance == pytest.approx(0.6)  # the light drafts' estimate is separate
+    with pytest.raises(ValueError):
+        CostConfig(ngram_prior_acceptance=1.0)
+
+
+def test_hooks_plan_ngram_drafts_into_heavy_steps_until_they_stop_matching():
+    from tokenrouter_backend.core.hooks import BlockRecord
+    from tokenrouter_backend.core.names import Mode
+
+    ops = _ops()
+    _teach(ops.costs, MEASURED_CPU, Curve(261.0, 31.0), batch=8)
+    plan = _plan(ops, prompt_len=3000, max_tokens=48)  # long prompt, short answer: light left out
+    assert plan.mode == Mode.HEAVY and plan.free_drafts >= 1  # prior 0.5 at batch 8: short copies
+    quiet = _ops()
+    _teach(quiet.costs, MEASURED_CPU, Curve(261.0, 31.0), batch=2)
+    assert _plan(quiet, prompt_len=3000, max_tokens=48).free_drafts >= 2  # a smaller batch: longer ones
+    assert _plan(ops, prompt_len=3000, max_tokens=48, ngram_drafts=False).free_drafts == 0
+    hooks = ops.admit(*_admission(prompt_len=3000)).hooks
+    for _ in range(12):  # every n-gram draft rejected at its first token
+        hooks.after_block(BlockRecord("r", 0, "verify", "ngram", 8, (), (), (), 0, (), (), 0, 1,
+                                      100.0, 100.0, 0.0, 100.0, 1, ngram_drafted=8, ngram_accepted=0))
+    assert hooks.plan(hooks_params(), 4).free_drafts == 0  # the request stopped paying for them
+
+
+def _admission(prompt_len):
+    from tokenrouter_backend.operations.admission import RequestInfo
+
+    return RequestInfo("r", tuple(range(prompt_len)), explicit_mode=True), hooks_params()
+
+
+def hooks_params():
+    from tokenrouter_backend.core.params import RouterDefaults
+
+    return RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 48})

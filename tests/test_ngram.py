@@ -125,3 +125,51 @@ def test_a_repeated_prompt_drafts_its_earlier_answer_losslessly():
     # every earlier token is drafted and stands; heavy adds one token per check (4 checks of <= 16)
     assert s2.answer_drafts_accepted == s2.answer_drafts_proposed == 36 and s2.heavy_tokens == 4
     assert h2.calls < h1.calls / 2
+
+
+class HeavyStepsPlan:
+    """Hooks planning what the cost model plans for a long prompt: heavy-only steps (the
+    light model left out), with at most ``free`` n-gram drafts per heavy check."""
+
+    def __init__(self, free):
+        self.free, self.records = free, []
+
+    def plan(self, params, block):
+        from tokenrouter_backend.core.hooks import BlockPlan
+        from tokenrouter_backend.core.names import Mode
+
+        return BlockPlan(params, params.block_size, Mode.HEAVY, free_drafts=self.free)
+
+    def after_block(self, record):
+        self.records.append(record)
+
+
+def _run_planned(prompt, mode, free, **given):
+    import asyncio
+
+    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+
+    light, heavy = make_pair()
+    params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": 30, **given})
+    out, hooks = [], HeavyStepsPlan(free)
+    stats = asyncio.run(generate(GenerationRequest(prompt, params), light, heavy,
+                                 lambda tokens, _s, _f: out.extend(tokens), session_id=3, hooks=hooks))
+    assert not light.sessions and not heavy.sessions
+    return out, stats, light, hooks
+
+
+def test_heavy_only_steps_still_take_ngram_drafts_the_plan_allows():
+    prompt = copy_prompt()
+    ref, _, _, _ = run(prompt, "heavy", max_tokens=30)
+    out, stats, light, hooks = _run_planned(prompt, "verify", free=8)
+    assert out == ref  # lossless
+    assert light.calls == 0 and stats.light_skipped  # the light model never saw the request
+    assert stats.ngram_blocks > 0 and stats.ngram_tokens >= 20
+    assert max(r.ngram_drafted for r in hooks.records) <= 8  # the plan's cap holds
+    assert any(r.action == "ngram" for r in hooks.records)
+    none, stats_none, _, _ = _run_planned(prompt, "verify", free=0)
+    assert none == ref and stats_none.ngram_blocks == 0  # 0: they do not pay, heavy alone
+    off, stats_off, _, _ = _run_planned(prompt, "verify", free=8, ngram_drafts=False)
+    assert off == ref and stats_off.ngram_blocks == 0  # the request said no
+    route, stats_route, _, _ = _run_planned(prompt, "route", free=8, ngram_drafts=True)
+    assert route == ref and stats_route.ngram_tokens >= 20  # route's heavy steps take them too

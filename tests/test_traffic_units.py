@@ -74,3 +74,13 @@ def test_reuse_tables_pair_cold_with_warm_and_arms_with_heavy():
     rows = {r["arm"]: r for r in copy_table(c)}
     assert rows["verify+ngram"]["speedup_vs_heavy"] == 4.0 and rows["verify+ngram"]["identical_to_heavy"] == 1
     assert rows["verify"]["identical_to_heavy"] == 0
+
+
+def test_rag_prompt_with_a_tokenizer_has_the_asked_length(tiny_repository):
+    from tokenrouter_backend.client.traffic import repo_tokenizer
+
+    tok = repo_tokenizer(tiny_repository)
+    for n in (300, 1200):
+        prompt = rag_prompt(n, tokenizer=tok)
+        assert abs(len(tok.encode(prompt, add_special_tokens=False).ids) - n) <= 2
+        assert prompt.rstrip().endswith("def summary():")

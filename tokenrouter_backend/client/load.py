@@ -261,13 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-share", type=float, default=0.0,
                    help="share of long RAG-like prompts mixed in (e.g. 0.25 = 6 short + 2 long of 8)")
     p.add_argument("--long-tokens", type=int, default=1200, help="length of the long prompts (tokens, about)")
+    p.add_argument("--repo", type=Path, default=None, help="the model repository: its tokenizer sizes the long prompts")
     p.add_argument("--out", type=Path, default=Path("bench_out"))
     a = p.parse_args(argv)
     prompts = load_workloads(a.workloads.split(","), per_workload=a.per_workload)
     if a.long_share > 0:
-        from .traffic import rag_prompt
+        from .traffic import rag_prompt, repo_tokenizer
 
-        longs = [Prompt(f"rag/{i}", LONG_WORKLOAD, rag_prompt(a.long_tokens, offset=i)) for i in range(3)]
+        tokenizer = repo_tokenizer(a.repo)
+        longs = [Prompt(f"rag/{i}", LONG_WORKLOAD, rag_prompt(a.long_tokens, offset=i, tokenizer=tokenizer))
+                 for i in range(3)]
         prompts = mixed_prompts(prompts, longs, a.long_share)
     points = sweep(a.url, prompts, a.modes.split(","), [int(c) for c in a.concurrency.split(",")], a.max_tokens,
                    a.out / "perf", {"route": {"confidence_threshold": a.route_threshold}}, a.window,

@@ -109,6 +109,7 @@ class BlockLoop:
         self.verified_len = self.prompt_len  # route: tokens the heavy model has vouched for
         self.final_len = self.prompt_len  # tokens no rollback can touch (streamable)
         self.block = self.params.block_size
+        self.free_drafts: int | None = None  # the plan's cap on n-gram drafts (None: the drafter's own)
         # a stop sequence may start in tokens already generated: hold back len - 1 of them
         self.stop_holdback = max((len(s) - 1 for s in request.stop_sequences), default=0)
         self.done = False
@@ -355,7 +356,7 @@ class BlockLoop:
         if self.hooks is None:
             return await self._run_block(self.params.mode)
         plan = self.hooks.plan(self.base_params, self.block)
-        self.params, self.block = plan.params, plan.block
+        self.params, self.block, self.free_drafts = plan.params, plan.block, plan.free_drafts
         if plan.degraded:
             s = self.stats
             s.degraded_blocks += 1
@@ -370,6 +371,8 @@ class BlockLoop:
     async def _run_block(self, mode: Mode) -> None:
         if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:
             await self.heavy_first_token()
+        elif mode == Mode.HEAVY and self.free_drafts and (drafts := self._free_drafts()):
+            await self.ngram_block(self.params.mode, drafts)  # the light model is left out, copies are not
         elif mode == Mode.HEAVY and self.params.mode == Mode.ROUTE:
             self.stats.heavy_only_blocks += 1
             await self.heavy_check([], None)  # vouches for unchecked light tokens on the way
@@ -378,7 +381,7 @@ class BlockLoop:
             await self.single_branch_block(self.heavy, HEAVY)
         elif mode == Mode.LIGHT:
             await self.single_branch_block(self.light, LIGHT)
-        elif drafts := self.ngram.propose(self.tokens, self.remaining - 1):
+        elif drafts := self._free_drafts():
             await self.ngram_block(mode, drafts)
         elif mode == Mode.VERIFY:
             await self.verify_block()
@@ -388,6 +391,11 @@ class BlockLoop:
         while self.params.mode == Mode.ROUTE and self.needs_vouching():
             await self.vouch_end()
             self._check_length()
+
+    def _free_drafts(self) -> list[int]:
+        """n-gram / decision-cache drafts for this block, at most what the plan says pays."""
+        room = self.remaining - 1
+        return self.ngram.propose(self.tokens, room if self.free_drafts is None else min(room, self.free_drafts))
 
     def _check_length(self) -> None:
         if self.remaining <= 0 and not self.done:

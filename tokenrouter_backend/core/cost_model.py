@@ -22,6 +22,13 @@ whether the light model pays at all: its prefill (``L`` over the prompt) against
 time speculation saves over ``max_tokens`` tokens; when the saving is smaller, the
 request runs heavy-only steps from the start and the light model never sees it.
 
+Drafts that cost nothing to make — n-gram lookups in the prompt and the answer, the
+decision cache — are planned on the heavy curve alone: d of them cost
+H.fixed / B_heavy + H.per_token * (d + 1) and commit E(d) at their own acceptance
+(server-wide n-gram verdicts, prior ``ngram_prior_acceptance``). When the light model is
+left out (k = 0), such drafts still go to the heavy model whenever this says they pay,
+so a long retrieved prompt whose answer quotes it gets copied tokens at heavy-only cost.
+
 Framework-free; the router owns one ``BranchCosts`` and feeds it every branch result.
 """
 from __future__ import annotations
@@ -43,11 +50,13 @@ class CostConfig:
     window: int = 512  # recent steps per branch the curve is fitted on
     min_samples: int = 24  # steps (with at least two token counts) before the curve is used
     prior_acceptance: float = 0.6  # per-token acceptance assumed before any verdict
+    ngram_prior_acceptance: float = 0.5  # per-token acceptance of n-gram drafts before any verdict
     prior_weight: float = 8.0  # how many verdicts the prior is worth in a request's estimate
     decay: float = 0.98  # per block: weight kept by the server-wide acceptance counts
 
     def __post_init__(self):
         if self.window < 4 or self.min_samples < 2 or not 0.0 < self.prior_acceptance < 1.0 \
+                or not 0.0 < self.ngram_prior_acceptance < 1.0 \
                 or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0:
             raise ValueError(f"invalid CostConfig {self}")
 
@@ -112,8 +121,10 @@ class BranchCosts:
         self.config = config
         self.heavy = CostCurve(config.window, config.min_samples)
         self.light = CostCurve(config.window, config.min_samples)
-        self.accepted = 0.0  # decayed counts of draft verdicts over all requests
+        self.accepted = 0.0  # decayed counts of light draft verdicts over all requests
         self.rejected = 0.0
+        self.ngram_accepted = 0.0  # decayed counts of n-gram draft verdicts
+        self.ngram_rejected = 0.0
 
     @property
     def acceptance(self) -> float:
@@ -121,10 +132,22 @@ class BranchCosts:
         c = self.config
         return (self.accepted + c.prior_acceptance * c.prior_weight) / (self.accepted + self.rejected + c.prior_weight)
 
+    @property
+    def ngram_acceptance(self) -> float:
+        """Server-wide per-token acceptance of n-gram drafts (the prior until verdicts arrive)."""
+        c = self.config
+        return (self.ngram_accepted + c.ngram_prior_acceptance * c.prior_weight) \
+            / (self.ngram_accepted + self.ngram_rejected + c.prior_weight)
+
     def observe_verdicts(self, accepted: int, rejected: int) -> None:
         d = self.config.decay
         self.accepted = self.accepted * d + accepted
         self.rejected = self.rejected * d + rejected
+
+    def observe_ngram_verdicts(self, accepted: int, rejected: int) -> None:
+        d = self.config.decay
+        self.ngram_accepted = self.ngram_accepted * d + accepted
+        self.ngram_rejected = self.ngram_rejected * d + rejected
 
     def planner(self) -> "Planner | None":
         """A planner over the current curves, or None while either curve is unknown."""
@@ -162,6 +185,18 @@ class Planner:
         """The draft length in 0..max_block with the most expected tokens per millisecond."""
         rates = [self.tokens_per_ms(k, acceptance) for k in range(max_block + 1)]
         return int(np.argmax(rates))  # first maximum: ties go to the shorter block
+
+    def heavy_check_ms(self, k: int) -> float:
+        """One request's share of a heavy forward checking k drafts that cost nothing to make
+        (n-gram / decision-cache drafts: no light forward)."""
+        return self.heavy.fixed / self.heavy_batch + self.heavy.per_token * (k + 1)
+
+    def best_free_block(self, acceptance: float, max_block: int) -> int:
+        """The number of free drafts (n-gram) in 0..max_block worth one heavy check: on a
+        compute-bound heavy every scored draft costs a generated token's share, on a
+        memory-bound one drafts are nearly free."""
+        rates = [expected_tokens(k, acceptance) / self.heavy_check_ms(k) for k in range(max_block + 1)]
+        return int(np.argmax(rates))
 
     def light_pays(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
                    chunk: int) -> bool:

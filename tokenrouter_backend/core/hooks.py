@@ -79,6 +79,7 @@ class BlockPlan:
     block: int  # block size k for this block
     mode: Mode  # usually params.mode; Mode.HEAVY when drafting is suspended (verify)
     degraded: bool = False  # route: the threshold was lowered for overload (allow_degradation)
+    free_drafts: int | None = None  # most n-gram drafts worth a heavy check (cost model); None: no cap
 
 
 class BlockHooks(Protocol):

@@ -219,6 +219,8 @@ class RequestHooks:
     blocks: int = field(default=0)
     accepted: int = 0  # this request's draft verdicts (its acceptance estimate)
     rejected: int = 0
+    ngram_accepted: int = 0  # this request's n-gram draft verdicts
+    ngram_rejected: int = 0
     light_pays: bool | None = None  # decided once, at the first planned block with known curves
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
@@ -246,6 +248,12 @@ class RequestHooks:
         weight = self.ops.cost_config.prior_weight
         return (self.accepted + self.ops.costs.acceptance * weight) / (self.accepted + self.rejected + weight)
 
+    def ngram_acceptance(self) -> float:
+        """This request's per-token n-gram acceptance, the server-wide estimate as its prior."""
+        weight = self.ops.cost_config.prior_weight
+        return (self.ngram_accepted + self.ops.costs.ngram_acceptance * weight) \
+            / (self.ngram_accepted + self.ngram_rejected + weight)
+
     def _cost_plan(self, plan: BlockPlan) -> BlockPlan:
         """verify / route with the adaptive schedule: the draft length with the most tokens per
         unit of cost (0 = heavy-only steps). ``block_schedule: fixed`` keeps the request's block."""
@@ -262,14 +270,20 @@ class RequestHooks:
             self.light_pays = planner.light_pays(light_prompt, p.max_tokens, a, p.max_block_size,
                                                  p.prefill_chunk_tokens)
         k = planner.best_block(a, p.max_block_size) if self.light_pays else 0
+        free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if p.ngram.enabled else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
-            return BlockPlan(p, p.block_size, Mode.HEAVY)
-        return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode)
+            return BlockPlan(p, p.block_size, Mode.HEAVY, free_drafts=free)
+        return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode, free_drafts=free)
 
     def after_block(self, record: BlockRecord) -> None:
         accepted, rejected = verdict_counts(record)
         self.accepted += accepted
         self.rejected += rejected
+        if record.ngram_drafted:
+            ngram_rejected = int(record.ngram_accepted < record.ngram_drafted)
+            self.ngram_accepted += record.ngram_accepted
+            self.ngram_rejected += ngram_rejected
+            self.ops.costs.observe_ngram_verdicts(record.ngram_accepted, ngram_rejected)
         self.dynamic.observe(record)
         self.ops.observe(record)
         if self.log and self.ops.log is not None:
