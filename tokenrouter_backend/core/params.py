@@ -96,6 +96,9 @@ class RouterParams:
     ngram: NgramSettings = NgramSettings()  # n-gram (prompt-lookup) drafts
     light_kv_window: int = 0  # light branch KV window (0 = the whole sequence)
     answer_cache: bool = True  # an earlier answer to the same prompt may be drafted (decision cache)
+    # set per block by operations (not request inputs): the learned router's P(disagree) bar
+    router_threshold: float = -1.0  # dynamic threshold; < 0 = the router file's (or config router_threshold)
+    router_scale: float = 1.0  # < 1 while the conservative start holds the router stricter
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":

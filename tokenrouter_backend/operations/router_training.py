@@ -3,8 +3,11 @@
 Samples: every light draft of a greedy verify block with a heavy verdict at the same
 prefix (up to and including the first rejection); label 1 = the heavy model would choose
 another token. Features as ``core/learned_router.feature_matrix`` (from the logged
-confidence, entropy, token_class, position and running acceptance). Requests are split
-into train and held-out sets by a hash of their request id (no request in both).
+confidence, entropy, margin, token_class, position and running acceptance). When some
+training drafts carry no margin (logs written before it was logged, or a light branch that
+does not report it) the router is trained without that feature and the report says so.
+Requests are split into train and held-out sets by a hash of their request id (no request
+in both).
 
 The model is an L2-regularized logistic regression fitted by Newton's method on
 standardized features. Its threshold is chosen on the training split: the largest share of
@@ -22,7 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from tokenrouter_backend.core.hooks import ACTION_VERIFY, BlockRecord
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, feature_matrix
+from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, feature_columns, feature_matrix
 from tokenrouter_backend.core.route_gate import ClassPolicy
 from tokenrouter_backend.operations.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
 
@@ -58,7 +61,9 @@ def collect_samples(records: Iterable[BlockRecord]) -> Samples:
         if r.action != ACTION_VERIFY or n == 0 or len(r.token_class) < n:
             continue
         positions = r.position + np.arange(n)
-        rows.append(feature_matrix(r.confidence[:n], r.entropy[:n], r.token_class[:n], positions, r.acceptance))
+        margin = r.margin[:n] if len(r.margin) >= n else None
+        rows.append(feature_matrix(r.confidence[:n], r.entropy[:n], r.token_class[:n], positions, r.acceptance,
+                                   margin))
         agree += r.heavy_agree
         conf += r.confidence[:n]
         ent += r.entropy[:n]
@@ -168,6 +173,16 @@ def precision_recall(predicted: np.ndarray, actual: np.ndarray) -> tuple[float, 
     return (tp / max(1, int(predicted.sum())), tp / max(1, int(actual.sum())))
 
 
+def usable_features(s: Samples) -> tuple[tuple[str, ...], list[str]]:
+    """The features to train on (those every training draft has) and a note per feature left out."""
+    known = ~np.isnan(s.x).any(axis=0)
+    names = tuple(name for name, ok in zip(FEATURES, known) if ok)
+    notes = [f"{np.isnan(s.x[:, i]).sum()} of {len(s)} training drafts lack '{name}' (older logs, or a light "
+             f"branch that does not report it): trained without it"
+             for i, (name, ok) in enumerate(zip(FEATURES, known)) if not ok]
+    return names, notes
+
+
 class NotEnoughData(ValueError):
     """The logs hold too few verdicts (or no disagreement) to train on."""
 
@@ -189,8 +204,9 @@ def train(records: Iterable[BlockRecord], policy: ClassPolicy, confidence_thresh
                             "collect more verify-mode logs (decision_log)")
     if train_s.disagree.all() or not train_s.disagree.any():
         raise NotEnoughData("the training verdicts are all agreements or all disagreements: nothing to learn")
-    w, b, mean, scale = fit_logistic(train_s.x, train_s.disagree, l2)
-    router = LearnedRouter(w, b, mean, scale, 0.5)
+    names, notes = usable_features(train_s)
+    w, b, mean, scale = fit_logistic(train_s.x[:, feature_columns(names)], train_s.disagree, l2)
+    router = LearnedRouter(w, b, mean, scale, 0.5, features=names)
     if target_agreement is None:
         t_scale, allowed = rule_masks(train_s, policy)
         v = train_s.verdicts
@@ -204,14 +220,15 @@ def train(records: Iterable[BlockRecord], policy: ClassPolicy, confidence_thresh
         train_s.requests))), "held_out_requests": int(len(np.unique(held.requests))), "l2": l2, "seed": seed,
         "target_agreement": round(target_agreement, 5), "held_out_precision": round(precision, 4),
         "held_out_recall": round(recall, 4)}
-    router = LearnedRouter(w, b, mean, scale, threshold, trained)
+    router = LearnedRouter(w, b, mean, scale, threshold, trained, names)
     return TrainReport(router, len(train_s), len(held), precision, recall, precision_half, recall_half,
-                       target_agreement, frontier(held, router, policy))
+                       target_agreement, frontier(held, router, policy), notes)
 
 
 def report_text(r: TrainReport) -> str:
     f = r.frontier
     lines = [f"trained on {r.train_tokens} drafted tokens, evaluated on {r.held_out_text()}",
+             f"features: {', '.join(r.router.features)}", *(f"note: {n}" for n in r.notes),
              f"threshold P(disagree) <= {r.router.threshold:.4f} (chosen on the training split for agreement >= "
              f"{r.target_agreement:.4f})",
              f"held out, 'heavy would disagree' above the threshold: precision {r.precision:.3f}, "
