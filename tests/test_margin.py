@@ -20,7 +20,7 @@ from tokenrouter_backend.core.branch_protocol import (
 )
 from tokenrouter_backend.core.hooks import ACTION_VERIFY
 from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, feature_matrix
-from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, RouteGate
 from tokenrouter_backend.core.token_classes import TokenClass
 from tokenrouter_backend.engine.branch_engine import BranchEngine, top_margin
@@ -132,3 +132,16 @@ def test_train_router_uses_margin_when_logged_and_says_so_when_not():
     assert report.router.features == OLD_FEATURES
     assert len(report.notes) == 1 and "'margin'" in report.notes[0] and "trained without it" in report.notes[0]
     assert "note: " in rt.report_text(report)
+
+
+def test_the_confidence_rule_takes_a_margin_bar_only_when_set():
+    gate = RouteGate(ClassPolicy((1.0,) * len(TokenClass)))
+    args = (None, [1, 2, 3], [0.9, 0.9, 0.9], [0.1, 0.1, 0.1], 0)
+    off = RouterDefaults().request_params({"router_mode": "route"})
+    assert off.margin_threshold == 0.0
+    assert gate.decide(*args, off, RouteContext(), frozenset(), margin=[0.9, 0.05, 0.9]).stand == 3
+    on = RouterDefaults.from_config({"margin_threshold": "0.2"}).request_params({"router_mode": "route"})
+    assert gate.decide(*args, on, RouteContext(), frozenset(), margin=[0.9, 0.05, 0.9]).stand == 1
+    assert gate.decide(*args, on, RouteContext(), frozenset()).stand == 0  # unknown margin fails a set bar
+    with pytest.raises(InvalidRequest, match=r"margin_threshold must be in \[0.0, 1.0\]"):
+        RouterDefaults.from_config({"margin_threshold": "1.5"})

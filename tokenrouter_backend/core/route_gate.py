@@ -7,8 +7,8 @@ A cascade per drafted token, cheapest first:
    scales that token's bar (confidence threshold x s, or router threshold / s);
 2. the score: with a learned router (``learned_router``), P(heavy would disagree) must be
    <= the router threshold (``router_bar``: the file's or the request's dynamic one,
-   scaled by the conservative start); without one, top-1 probability >= confidence_threshold and
-   entropy <= entropy_threshold (the plain confidence rule).
+   scaled by the conservative start); without one, top-1 probability >= confidence_threshold,
+   entropy <= entropy_threshold and margin >= margin_threshold (the plain confidence rule).
 
 The drafts that stand are the leading run that passes. ``RouteGate`` is server-wide (built
 once from config.pbtxt ``critical_<class>`` and ``router_*`` parameters and the
@@ -108,6 +108,16 @@ class Decision:
                 "router_score": tuple(round(float(x), 5) for x in self.scores), "margin": margin}
 
 
+def margin_ok(margin, params: RouterParams, n: int) -> np.ndarray:
+    """The confidence rule's margin bar (``margin_threshold``; 0 = off): top-1 minus top-2
+    probability >= the bar. An unknown margin (a light branch without the output) fails a set bar."""
+    if params.margin_threshold <= 0:
+        return np.ones(n, bool)
+    if margin is None:
+        return np.zeros(n, bool)
+    return np.asarray(margin, np.float64) >= params.margin_threshold
+
+
 def router_bar(router: LearnedRouter, params: RouterParams) -> float:
     """The P(disagree) bar in force for a request's block: the router file's (or the block's
     dynamic) threshold, times the conservative start's scale."""
@@ -145,7 +155,7 @@ class RouteGate:
                 ok = scores <= router_bar(self.router, params) / scale
             else:
                 ok = ((np.asarray(probs) >= params.confidence_threshold * scale)
-                      & (np.asarray(entropy) <= params.entropy_threshold))
+                      & (np.asarray(entropy) <= params.entropy_threshold) & margin_ok(margin, params, len(scale)))
         ok &= np.isfinite(scale)
         bad = np.nonzero(~ok)[0]
         return Decision(int(bad[0]) if bad.size else len(ok), classes, scores,
