@@ -36,6 +36,6 @@ def test_export_ships_the_router(tiny_pair, tmp_path):
 def test_a_bad_router_file_is_refused_before_exporting(tiny_pair, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "tokenrouter-router", "version": 1, "features": ["x"]}))
-    with pytest.raises(RouterFileError, match="differ from this version"):
+    with pytest.raises(RouterFileError, match="router features must be distinct names"):
         export_pair(*tiny_pair, tmp_path / "out", ExportOptions(template=TEMPLATE, router=bad))
     assert not (tmp_path / "out").exists()

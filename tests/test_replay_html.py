@@ -128,7 +128,7 @@ def test_replay_html_in_headless_chromium(tmp_path, capsys):
     kinds = {cls for cls, _, _ in reader.spans}
     assert {"k-u", "k-h", "k-r"} <= kinds
     unchecked = [tip for cls, tip, _ in reader.spans if cls == "k-u"]
-    assert all("light confidence" in tip and "class " in tip for tip in unchecked)
+    assert all("light confidence" in tip and "margin " in tip and "class " in tip for tip in unchecked)
     assert any("heavy verdict: not checked" in tip for tip in unchecked)
     assert all("replaced" in tip for cls, tip, _ in reader.spans if cls == "k-r")
     first = "".join(text for _, _, text in reader.spans[: len(outputs["r0"])])

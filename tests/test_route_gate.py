@@ -120,9 +120,13 @@ def test_router_file_roundtrip_and_errors(tmp_path):
     x = feature_matrix([0.5, 0.9], [1.0, 0.1], [0, 2], [0, 5], 0.7)
     assert np.allclose(back.p_disagree(x), router.p_disagree(x)) and back.threshold == 0.3
     d = json.loads(path.read_text())
-    d["features"] = d["features"][:-1]
+    d["features"] = ["bogus"] + d["features"][1:]
     path.write_text(json.dumps(d))
-    with pytest.raises(RouterFileError, match="differ from this version"):
+    with pytest.raises(RouterFileError, match="router features must be distinct names"):
+        LearnedRouter.load(path)
+    d["features"] = d["features"][1:]  # known names, one fewer than the weights
+    path.write_text(json.dumps(d))
+    with pytest.raises(RouterFileError, match="one value per feature"):
         LearnedRouter.load(path)
     with pytest.raises(InvalidRequest, match="router_file"):
         build_route_gate({"router_file": "missing.json"}, None, tmp_path)

@@ -38,8 +38,9 @@ class ToyLM:
 
 
 class FakeBranch(Branch):
-    def __init__(self, name: str, lm: ToyLM, fail_with: str | None = None):
+    def __init__(self, name: str, lm: ToyLM, fail_with: str | None = None, margin: bool = True):
         self.name, self.lm, self.fail_with = name, lm, fail_with
+        self.margin = margin  # False: answers like a branch whose config predates the margin output
         self.sessions: dict[int, list[int]] = {}
         self.ops: list[BranchOp] = []
 
@@ -90,10 +91,12 @@ class FakeBranch(Branch):
             dists.append(pr[0])
             drafted += 1
         self.sessions[op.session_id] = seq
+        top2 = np.sort(np.stack(dists), axis=-1)[:, -2:]
         return BranchResult(
             tokens=np.asarray(tokens, np.int32), token_probs=np.asarray(p_list, np.float32),
             entropy=np.asarray(h_list, np.float32), input_probs=np.asarray(input_probs, np.float32),
             session_len=len(seq), dist=np.stack(dists) if op.return_dist else None,
+            margin=(top2[:, 1] - top2[:, 0]).astype(np.float32) if self.margin else np.zeros(0, np.float32),
         )
 
 

@@ -7,6 +7,7 @@ from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy
 from tokenrouter_backend.core.token_classes import CLASS_NAMES
 from tokenrouter_backend.operations.decision_log import read_log
+from tokenrouter_backend.operations.outcome_labels import Labels
 from tokenrouter_backend.operations.router_training import DEFAULT_L2, NotEnoughData, report_text, train
 
 
@@ -28,6 +29,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also draw the held-out frontier (unchecked share vs agreement) into PNG (matplotlib)")
     parser.add_argument("--critical", action="append", default=[], metavar="CLASS=VALUE",
                         help="class policy as served (critical_<class>: verify or a scale), repeatable")
+    parser.add_argument("--labels", choices=[lb.value for lb in Labels], default=Labels.TOKEN.value,
+                        help="token: every heavy disagreement is a positive; outcome: only those whose light token "
+                             "is not a whitespace-only variant of heavy's (needs --tokenizer) (default: token)")
+    parser.add_argument("--tokenizer", metavar="PATH", default=None,
+                        help="with --labels outcome: tokenizer.json, a folder holding one, or a model repository")
+
+
+def load_texts(args: argparse.Namespace) -> list[str] | None:
+    """Each token id's text for outcome labels (None: token labels); ValueError names the option."""
+    if args.labels != Labels.OUTCOME.value:
+        return None
+    if not args.tokenizer:
+        raise ValueError("--labels outcome needs --tokenizer (the served model's tokenizer)")
+    from tokenizers import Tokenizer  # noqa: PLC0415 - only with outcome labels
+
+    from tokenrouter_backend.cli.replay import find_tokenizer_file  # noqa: PLC0415
+    from tokenrouter_backend.operations.route_setup import vocabulary_texts  # noqa: PLC0415
+    try:
+        return vocabulary_texts(Tokenizer.from_file(str(find_tokenizer_file(args.tokenizer))))
+    except Exception as exc:  # noqa: BLE001 - any load failure names the user's path
+        raise ValueError(f"--tokenizer: {exc}") from exc
 
 
 def plot_frontier(frontier, path: str) -> None:
@@ -67,11 +89,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, InvalidRequest) as exc:
         print(f"train-router: --critical CLASS=VALUE: {exc}")
         return 2
+    try:
+        texts = load_texts(args)
+    except ValueError as exc:
+        print(f"train-router: {exc}")
+        return 2
     records = [r for path in args.logs for r in read_log(path)]
     try:
         held = [r for path in args.eval for r in read_log(path)] if args.eval else None
         report = train(records, policy, args.confidence_threshold, args.holdout, args.seed, args.l2,
-                       args.target_agreement, held_out=held)
+                       args.target_agreement, held_out=held, texts=texts)
     except NotEnoughData as exc:
         print(f"train-router: {exc}")
         return 1

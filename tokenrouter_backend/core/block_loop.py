@@ -307,7 +307,7 @@ class BlockLoop:
         """The route gate on this block's drafts (classes, router scores, how many stand)."""
         return self.gate.decide(self.tokens[-1] if self.tokens else None, lstep.drafts, lstep.draft_probs,
                                 lstep.draft_entropy, self.generated, self.params, self.route_context,
-                                self.request.end_tokens)
+                                self.request.end_tokens, margin=lstep.draft_margin)
 
     def _rollback(self, seq: list[int], hres: BranchResult, first_input: int) -> bool:
         """Roll back to the first unvouched token of ``seq`` (the committed tokens + cut-off

@@ -38,7 +38,7 @@ engine speaks it with these dataclasses. Only adapters touch tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -97,6 +97,9 @@ class BranchResult:
     forward_tokens: int = 0  # padded tokens of all forwards this op took part in (cost model)
     forwards: int = 0  # how many forwards that was
     reused_tokens: int = 0  # input tokens whose KV the branch's prefix cache supplied
+    # float32 [T]: top-1 minus top-2 probability of each position's processed distribution;
+    # empty = unknown (a branch whose config predates the output)
+    margin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
 
 class BranchError(RuntimeError):
@@ -169,6 +172,7 @@ TENSOR_OUTPUTS = {
     "forward_tokens": "forward_tokens",  # INT32 [1]
     "forwards": "forwards",  # INT32 [1]
     "reused_tokens": "reused_tokens",  # INT32 [1]
+    "margin": "margin",  # FP32 [-1]
 }
 
 
@@ -248,6 +252,7 @@ def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:
         "forward_tokens": np.array([[res.forward_tokens]], dtype=np.int32),
         "forwards": np.array([[res.forwards]], dtype=np.int32),
         "reused_tokens": np.array([[res.reused_tokens]], dtype=np.int32),
+        "margin": np.asarray(res.margin, np.float32).reshape(1, -1),
     }
     return {TENSOR_OUTPUTS[k]: v for k, v in values.items()}
 
@@ -261,6 +266,8 @@ def result_from_arrays(get) -> BranchResult:
         value = get(TENSOR_OUTPUTS[key])
         return 0 if value is None else int(value.reshape(-1)[0])
 
+    margin = get(TENSOR_OUTPUTS["margin"])
+
     return BranchResult(
         tokens=get(TENSOR_OUTPUTS["tokens"]).reshape(-1),
         token_probs=get(TENSOR_OUTPUTS["token_probs"]).reshape(-1),
@@ -273,4 +280,5 @@ def result_from_arrays(get) -> BranchResult:
         forward_tokens=optional_int("forward_tokens"),
         forwards=optional_int("forwards"),
         reused_tokens=optional_int("reused_tokens"),
+        margin=np.zeros(0, np.float32) if margin is None else margin.reshape(-1).astype(np.float32, copy=False),
     )

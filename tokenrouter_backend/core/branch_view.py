@@ -45,6 +45,12 @@ class Step:
     def draft_entropy(self) -> np.ndarray:
         return self.result.entropy[self.scored - 1 :]
 
+    @property
+    def draft_margin(self) -> np.ndarray | None:
+        """Top-1 minus top-2 probability per draft; None when the branch does not report it."""
+        margin = self.result.margin
+        return margin[self.scored - 1 :] if len(margin) == len(self.result.tokens) else None
+
 
 class BranchView:
     """One branch session of one request."""

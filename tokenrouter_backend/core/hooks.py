@@ -60,6 +60,7 @@ class BlockRecord:
     token_class: tuple[int, ...] = ()  # TokenClass per drafted token (token_classes.py)
     router_score: tuple[float, ...] = ()  # learned router's P(disagree) per drafted token; () = none
     acceptance: float = 0.0  # the request's running acceptance when the block began (a router feature)
+    margin: tuple[float, ...] = ()  # light top-1 minus top-2 probability per drafted token; () = unknown
     output_from: int = -1  # generated index this block's output starts at (a rollback rewrites); -1 = unknown
     output: tuple[int, ...] = ()  # the answer's tokens from output_from on, after this block
     output_kinds: str = ""  # routing_trace.Kind of each of them

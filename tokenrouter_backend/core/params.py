@@ -42,6 +42,7 @@ class RouterDefaults:
     block_schedule: Schedule = Schedule.HEURISTIC  # fixed | heuristic (+2 on full accept, -1 else)
     confidence_threshold: float = 0.8  # route: light top-1 prob needed to commit unchecked
     entropy_threshold: float = math.inf  # route: light entropy (nats) allowed; inf = off
+    margin_threshold: float = 0.0  # route, confidence rule: light top-1 minus top-2 prob needed; 0 = off
     rollback_threshold: float = 0.05  # route: heavy prob of a committed token below which it is rolled back
     rollback_window: int = 32  # route: unverified tokens held back (streaming) for rollback
     draft_confidence_threshold: float = 0.4  # verify: light stops drafting below this prob
@@ -96,6 +97,10 @@ class RouterParams:
     ngram: NgramSettings = NgramSettings()  # n-gram (prompt-lookup) drafts
     light_kv_window: int = 0  # light branch KV window (0 = the whole sequence)
     answer_cache: bool = True  # an earlier answer to the same prompt may be drafted (decision cache)
+    margin_threshold: float = 0.0  # route, confidence rule: top-1 minus top-2 probability needed (server-wide)
+    # set per block by operations (not request inputs): the learned router's P(disagree) bar
+    router_threshold: float = -1.0  # dynamic threshold; < 0 = the router file's (or config router_threshold)
+    router_scale: float = 1.0  # < 1 while the conservative start holds the router stricter
 
     @classmethod
     def build(cls, d: RouterDefaults, given: Mapping[str, Any]) -> "RouterParams":
@@ -133,6 +138,7 @@ class RouterParams:
             ngram=_ngram_settings(d, mode, given.get("ngram_drafts")),
             light_kv_window=_light_window(d, mode, given.get("light_kv_window")),
             answer_cache=_bool("answer_cache", pick("answer_cache", True)),
+            margin_threshold=_float_in("margin_threshold", d.margin_threshold, 0.0, 1.0),
         )
 
 

@@ -9,9 +9,12 @@ whitespace. ``difficulty`` scores one segment in [0, 1] from rules:
   question     question words or a question mark: +0.15
   constraints  must / exactly / at least / at most / only / never / should / ensure: +0.25
 
-(capped at 1). ``score_prompt`` sums a prompt up: the hardest segment, the mean, the
-segments at or above the critical level, and the whole prompt's own score (rules that
-fire in different segments add up there).
+(capped at 1). Adjacent segments that continue one task (a shared content word or
+identifier, ``task_continuity``) form a group, scored as one text: a hard instruction
+split across two sentences is scored whole, not as two milder pieces. ``score_prompt``
+sums a prompt up over its segments, each counted at its group's difficulty: the hardest,
+the mean, the segments at or above the critical level, and the whole prompt's own score
+(rules that fire anywhere in it add up there).
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import json
 import re
 from dataclasses import dataclass
 from enum import Enum
+
+from tokenrouter_backend.core.task_continuity import group_runs, link_keys
 
 MAX_SEGMENT_CHARS = 240
 CRITICAL_LEVEL = 0.6  # a segment this hard makes the request critical
@@ -98,18 +103,41 @@ def _prose(text: str) -> list[Segment]:
 
 
 @dataclass(frozen=True)
+class Group:
+    """Adjacent segments of one task, scored as one text."""
+
+    members: range  # indices into segments(prompt)
+    kind: SegmentKind  # code if any member is code, json if all are, else text
+    text: str
+    difficulty: float
+
+
+def groups(segs: list[Segment]) -> list[Group]:
+    out = []
+    for run in group_runs([link_keys(s.text, s.kind != SegmentKind.TEXT) for s in segs]):
+        kinds = {segs[i].kind for i in run}
+        kind = (SegmentKind.CODE if SegmentKind.CODE in kinds
+                else SegmentKind.JSON if kinds == {SegmentKind.JSON} else SegmentKind.TEXT)
+        text = "\n".join(segs[i].text for i in run)
+        out.append(Group(run, kind, text, segs[run[0]].difficulty if len(run) == 1 else difficulty(text, kind)))
+    return out
+
+
+@dataclass(frozen=True)
 class PromptScore:
     hardest: float
     mean: float
     critical_segments: int
     segments: int
     whole: float = 0.0  # difficulty(prompt) as one text
+    groups: int = 0  # task-continuity groups the segments form
 
 
 def score_prompt(prompt: str) -> PromptScore:
     segs = segments(prompt)
     if not segs:
         return PromptScore(0.0, 0.0, 0, 0)
-    values = [s.difficulty for s in segs]
+    grouped = groups(segs)
+    values = [g.difficulty for g in grouped for _ in g.members]  # each segment at its group's score
     return PromptScore(max(values), sum(values) / len(values), sum(v >= CRITICAL_LEVEL for v in values), len(segs),
-                       difficulty(prompt))
+                       difficulty(prompt), len(grouped))

@@ -6,8 +6,9 @@ A cascade per drafted token, cheapest first:
    ``verify`` sends it to the heavy model whatever the light model thinks; a number s
    scales that token's bar (confidence threshold x s, or router threshold / s);
 2. the score: with a learned router (``learned_router``), P(heavy would disagree) must be
-   <= the router threshold; without one, top-1 probability >= confidence_threshold and
-   entropy <= entropy_threshold (the plain confidence rule).
+   <= the router threshold (``router_bar``: the file's or the request's dynamic one,
+   scaled by the conservative start); without one, top-1 probability >= confidence_threshold,
+   entropy <= entropy_threshold and margin >= margin_threshold (the plain confidence rule).
 
 The drafts that stand are the leading run that passes. ``RouteGate`` is server-wide (built
 once from config.pbtxt ``critical_<class>`` and ``router_*`` parameters and the
@@ -98,11 +99,30 @@ class Decision:
     stand: int  # leading drafts that stand unchecked
     classes: np.ndarray  # int8 per draft
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # P(disagree) per draft (learned router)
+    margin: np.ndarray | None = None  # light top-1 minus top-2 probability per draft; None = unknown
 
     def record_fields(self) -> dict:
-        """The BlockRecord fields this decision fills (token_class, router_score)."""
+        """The BlockRecord fields this decision fills (token_class, router_score, margin)."""
+        margin = () if self.margin is None else tuple(round(float(x), 5) for x in self.margin)
         return {"token_class": tuple(int(c) for c in self.classes),
-                "router_score": tuple(round(float(x), 5) for x in self.scores)}
+                "router_score": tuple(round(float(x), 5) for x in self.scores), "margin": margin}
+
+
+def margin_ok(margin, params: RouterParams, n: int) -> np.ndarray:
+    """The confidence rule's margin bar (``margin_threshold``; 0 = off): top-1 minus top-2
+    probability >= the bar. An unknown margin (a light branch without the output) fails a set bar."""
+    if params.margin_threshold <= 0:
+        return np.ones(n, bool)
+    if margin is None:
+        return np.zeros(n, bool)
+    return np.asarray(margin, np.float64) >= params.margin_threshold
+
+
+def router_bar(router: LearnedRouter, params: RouterParams) -> float:
+    """The P(disagree) bar in force for a request's block: the router file's (or the block's
+    dynamic) threshold, times the conservative start's scale."""
+    base = params.router_threshold if params.router_threshold >= 0 else router.threshold
+    return base * params.router_scale
 
 
 @dataclass(frozen=True)
@@ -116,24 +136,27 @@ class RouteGate:
             return self.vocab.classify(previous, drafts, end_tokens)
         return np.asarray([TokenClass.END if int(t) in end_tokens else TokenClass.PLAIN for t in drafts], np.int8)
 
-    def scores(self, probs, entropy, classes: np.ndarray, first_position: int, acceptance: float) -> np.ndarray:
+    def scores(self, probs, entropy, classes: np.ndarray, first_position: int, acceptance: float,
+               margin=None) -> np.ndarray:
         """P(disagree) per draft, or an empty array without a learned router."""
         if self.router is None or not len(classes):
             return np.zeros(0)
         positions = first_position + np.arange(len(classes))
-        return self.router.p_disagree(feature_matrix(probs, entropy, classes, positions, acceptance))
+        return self.router.p_disagree(feature_matrix(probs, entropy, classes, positions, acceptance, margin))
 
     def decide(self, previous: int | None, drafts: Sequence[int], probs, entropy, first_position: int,
-               params: RouterParams, context: RouteContext, end_tokens: frozenset[int]) -> Decision:
+               params: RouterParams, context: RouteContext, end_tokens: frozenset[int],
+               margin=None) -> Decision:
         classes = self.classify(previous, drafts, end_tokens)
         scale = self.policy.array()[classes.astype(np.int64)]
-        scores = self.scores(probs, entropy, classes, first_position, context.acceptance)
+        scores = self.scores(probs, entropy, classes, first_position, context.acceptance, margin)
         with np.errstate(divide="ignore", invalid="ignore"):
             if self.router is not None:
-                ok = scores <= self.router.threshold / scale
+                ok = scores <= router_bar(self.router, params) / scale
             else:
                 ok = ((np.asarray(probs) >= params.confidence_threshold * scale)
-                      & (np.asarray(entropy) <= params.entropy_threshold))
+                      & (np.asarray(entropy) <= params.entropy_threshold) & margin_ok(margin, params, len(scale)))
         ok &= np.isfinite(scale)
         bad = np.nonzero(~ok)[0]
-        return Decision(int(bad[0]) if bad.size else len(ok), classes, scores)
+        return Decision(int(bad[0]) if bad.size else len(ok), classes, scores,
+                        None if margin is None else np.asarray(margin, np.float64))

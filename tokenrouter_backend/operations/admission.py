@@ -38,6 +38,7 @@ from tokenrouter_backend.operations.threshold_control import (
     ConservativeStart,
     DynamicConfig,
     DynamicThreshold,
+    route_thresholds,
 )
 
 SINK_ALLOWANCE = 4  # the light branch's kv_sink_tokens default (the cost of a windowed light prefill)
@@ -226,9 +227,7 @@ class RequestHooks:
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
         if params.mode == Mode.ROUTE:
-            threshold = self.ops.conservative.floor(self.dynamic.threshold(params.confidence_threshold))
-            if threshold != params.confidence_threshold:
-                params = dataclasses.replace(params, confidence_threshold=threshold)
+            params = route_thresholds(params, self.ops.conservative, self.dynamic)
         plan = self.ops.load.plan(params, block)
         degraded = self._degrade(plan)  # an opted-in route request drafts on rather than adding heavy steps
         return degraded if degraded is not plan else self._cost_plan(plan)

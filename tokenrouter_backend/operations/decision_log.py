@@ -10,7 +10,9 @@ Line format (keys stable, see docs/operations.md):
   {"request_id", "position", "mode", "action", "block_size", "drafted", "confidence",
    "entropy", "committed_light", "heavy_agree", "heavy_prob", "rolled_back", "heavy_calls",
    "heavy_ms", "heavy_forward_ms", "light_ms", "latency_ms", "committed", "token_class",
-   "router_score", "acceptance", "output_from", "output", "output_kinds", "time"}
+   "router_score", "acceptance", "output_from", "output", "output_kinds", "margin", "time"}
+("margin": light top-1 minus top-2 probability per drafted token; absent or [] in logs
+written before it existed, or when the light branch does not report it.)
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def record_to_json(record: BlockRecord) -> str:
 def record_from_dict(d: dict) -> BlockRecord:
     fields = {f.name for f in dataclasses.fields(BlockRecord)}
     values = {k: v for k, v in d.items() if k in fields}
-    for key in ("drafted", "confidence", "entropy", "heavy_agree", "token_class", "router_score", "output"):
+    for key in ("drafted", "confidence", "entropy", "heavy_agree", "token_class", "router_score", "output", "margin"):
         values[key] = tuple(values.get(key, ()))
     values["heavy_prob"] = tuple(float("nan") if p is None else p for p in values.get("heavy_prob", ()))
     return BlockRecord(**values)

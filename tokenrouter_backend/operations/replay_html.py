@@ -3,7 +3,7 @@
 Each request's answer is rebuilt from its blocks (``output_from`` / ``output`` /
 ``output_kinds`` of every ``BlockRecord``: a rollback rewrites from ``output_from``). Each
 token is a span coloured by ``routing_trace.Kind``; hovering shows what the router knew
-when it decided: the light confidence and entropy, the token class, the learned router's
+when it decided: the light confidence, entropy and margin, the token class, the learned router's
 P(disagree) and the heavy verdict. Static HTML + CSS (tooltips from ``data-tip``), no
 script: the page reads the same in any browser and in a headless one.
 """
@@ -48,7 +48,8 @@ def _tip(record: BlockRecord, j: int, kind: Kind) -> str:
     if 0 <= j < len(record.drafted):
         light = kind in (Kind.LIGHT_UNCHECKED, Kind.LIGHT_VERIFIED)
         proposed = "" if light else f" (light proposed id {record.drafted[j]})"
-        lines.append(f"light confidence {record.confidence[j]:.3f}, entropy {record.entropy[j]:.3f}{proposed}")
+        margin = f", margin {record.margin[j]:.3f}" if j < len(record.margin) else ""
+        lines.append(f"light confidence {record.confidence[j]:.3f}, entropy {record.entropy[j]:.3f}{margin}{proposed}")
         if j < len(record.token_class):
             lines.append(f"class {TokenClass(record.token_class[j]).key}")
         if j < len(record.router_score):

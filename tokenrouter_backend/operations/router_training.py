@@ -3,8 +3,12 @@
 Samples: every light draft of a greedy verify block with a heavy verdict at the same
 prefix (up to and including the first rejection); label 1 = the heavy model would choose
 another token. Features as ``core/learned_router.feature_matrix`` (from the logged
-confidence, entropy, token_class, position and running acceptance). Requests are split
-into train and held-out sets by a hash of their request id (no request in both).
+confidence, entropy, margin, token_class, position and running acceptance). When some
+training drafts carry no margin (logs written before it was logged, or a light branch that
+does not report it) the router is trained without that feature and the report says so.
+Requests are split into train and held-out sets by a hash of their request id (no request
+in both). With outcome labels (``texts`` given, ``outcome_labels``) a disagreement whose
+light token is a whitespace-only variant of the heavy one is a negative.
 
 The model is an L2-regularized logistic regression fitted by Newton's method on
 standardized features. Its threshold is chosen on the training split: the largest share of
@@ -22,13 +26,15 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from tokenrouter_backend.core.hooks import ACTION_VERIFY, BlockRecord
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, feature_matrix
+from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, feature_columns, feature_matrix
 from tokenrouter_backend.core.route_gate import ClassPolicy
+from tokenrouter_backend.operations.outcome_labels import outcome_disagree
 from tokenrouter_backend.operations.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
 
 FINE_GRID = tuple(round(float(t), 3) for t in np.arange(0.05, 1.0, 0.005))  # the frontier compared against
 ROUTER_GRID = (0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 DEFAULT_L2 = 1e-2
+POSITIVE = {"token": "heavy would disagree", "outcome": "heavy would change the outcome"}  # what labels mean
 NEWTON_STEPS = 30
 
 
@@ -50,16 +56,20 @@ class Samples:
                        self.classes[mask], self.requests[mask])
 
 
-def collect_samples(records: Iterable[BlockRecord]) -> Samples:
-    """Samples from verify blocks that carry the router features (token_class per draft)."""
-    rows, agree, conf, ent, prob, cls, req = [], [], [], [], [], [], []
+def collect_samples(records: Iterable[BlockRecord], texts: Sequence[str] | None = None) -> Samples:
+    """Samples from verify blocks that carry the router features (token_class per draft);
+    ``texts`` (each token id's text): outcome labels, else token labels."""
+    rows, agree, conf, ent, prob, cls, req, positive = [], [], [], [], [], [], [], []
     for r in records:
         n = len(r.heavy_agree)
         if r.action != ACTION_VERIFY or n == 0 or len(r.token_class) < n:
             continue
         positions = r.position + np.arange(n)
-        rows.append(feature_matrix(r.confidence[:n], r.entropy[:n], r.token_class[:n], positions, r.acceptance))
+        margin = r.margin[:n] if len(r.margin) >= n else None
+        rows.append(feature_matrix(r.confidence[:n], r.entropy[:n], r.token_class[:n], positions, r.acceptance,
+                                   margin))
         agree += r.heavy_agree
+        positive.append(outcome_disagree(r, n, texts) if texts is not None else ~np.asarray(r.heavy_agree, bool))
         conf += r.confidence[:n]
         ent += r.entropy[:n]
         prob += r.heavy_prob[:n]
@@ -68,7 +78,8 @@ def collect_samples(records: Iterable[BlockRecord]) -> Samples:
     agree_a = np.asarray(agree, bool)
     x = np.concatenate(rows) if rows else np.zeros((0, len(FEATURES)))
     v = Verdicts(np.asarray(conf, float), np.asarray(ent, float), agree_a, np.asarray(prob, float))
-    return Samples(x, ~agree_a, v, np.asarray(cls, int), np.asarray(req, np.int64))
+    disagree = np.concatenate(positive) if positive else np.zeros(0, bool)
+    return Samples(x, disagree, v, np.asarray(cls, int), np.asarray(req, np.int64))
 
 
 def split(samples: Samples, holdout: float, seed: int) -> tuple[Samples, Samples]:
@@ -168,6 +179,22 @@ def precision_recall(predicted: np.ndarray, actual: np.ndarray) -> tuple[float, 
     return (tp / max(1, int(predicted.sum())), tp / max(1, int(actual.sum())))
 
 
+def usable_features(s: Samples) -> tuple[tuple[str, ...], list[str]]:
+    """The features to train on (those every training draft has) and a note per feature left out."""
+    known = ~np.isnan(s.x).any(axis=0)
+    names = tuple(name for name, ok in zip(FEATURES, known) if ok)
+    notes = [f"{np.isnan(s.x[:, i]).sum()} of {len(s)} training drafts lack '{name}' (older logs, or a light "
+             f"branch that does not report it): trained without it"
+             for i, (name, ok) in enumerate(zip(FEATURES, known)) if not ok]
+    return names, notes
+
+
+def label_note(s: Samples) -> str:
+    token = int((~s.verdicts.agree).sum())
+    return (f"outcome labels: {token - int(s.disagree.sum())} of {token} disagreements are whitespace-only "
+            "variants of the heavy token (counted as agreement)")
+
+
 class NotEnoughData(ValueError):
     """The logs hold too few verdicts (or no disagreement) to train on."""
 
@@ -175,22 +202,26 @@ class NotEnoughData(ValueError):
 def train(records: Iterable[BlockRecord], policy: ClassPolicy, confidence_threshold: float,
           holdout: float = 0.2, seed: int = 0, l2: float = DEFAULT_L2,
           target_agreement: float | None = None, min_tokens: int = 50,
-          held_out: Iterable[BlockRecord] | None = None) -> TrainReport:
+          held_out: Iterable[BlockRecord] | None = None, texts: Sequence[str] | None = None) -> TrainReport:
     """Fit, pick the threshold on the training split, evaluate on the held-out split
-    (``held_out`` given: all of ``records`` train, those records are the held-out set)."""
-    samples = collect_samples(records)
+    (``held_out`` given: all of ``records`` train, those records are the held-out set;
+    ``texts`` given: outcome labels)."""
+    samples = collect_samples(records, texts)
     if held_out is None:
         train_s, held = split(samples, holdout, seed)
     else:
-        train_s, held = samples, collect_samples(held_out)
+        train_s, held = samples, collect_samples(held_out, texts)
     if len(train_s) < min_tokens or len(held) < max(1, min_tokens // 5):
         raise NotEnoughData(f"{len(samples)} verdicts with router features ({len(train_s)} train, "
                             f"{len(held)} held out); need >= {min_tokens} train: "
                             "collect more verify-mode logs (decision_log)")
     if train_s.disagree.all() or not train_s.disagree.any():
         raise NotEnoughData("the training verdicts are all agreements or all disagreements: nothing to learn")
-    w, b, mean, scale = fit_logistic(train_s.x, train_s.disagree, l2)
-    router = LearnedRouter(w, b, mean, scale, 0.5)
+    names, notes = usable_features(train_s)
+    if texts is not None:
+        notes.append(label_note(samples))
+    w, b, mean, scale = fit_logistic(train_s.x[:, feature_columns(names)], train_s.disagree, l2)
+    router = LearnedRouter(w, b, mean, scale, 0.5, features=names)
     if target_agreement is None:
         t_scale, allowed = rule_masks(train_s, policy)
         v = train_s.verdicts
@@ -203,18 +234,20 @@ def train(records: Iterable[BlockRecord], policy: ClassPolicy, confidence_thresh
     trained = {"train_tokens": len(train_s), "held_out_tokens": len(held), "train_requests": int(len(np.unique(
         train_s.requests))), "held_out_requests": int(len(np.unique(held.requests))), "l2": l2, "seed": seed,
         "target_agreement": round(target_agreement, 5), "held_out_precision": round(precision, 4),
-        "held_out_recall": round(recall, 4)}
-    router = LearnedRouter(w, b, mean, scale, threshold, trained)
+        "held_out_recall": round(recall, 4), "labels": "outcome" if texts is not None else "token"}
+    router = LearnedRouter(w, b, mean, scale, threshold, trained, names)
     return TrainReport(router, len(train_s), len(held), precision, recall, precision_half, recall_half,
-                       target_agreement, frontier(held, router, policy))
+                       target_agreement, frontier(held, router, policy), notes)
 
 
 def report_text(r: TrainReport) -> str:
     f = r.frontier
     lines = [f"trained on {r.train_tokens} drafted tokens, evaluated on {r.held_out_text()}",
+             f"features: {', '.join(r.router.features)}", *(f"note: {n}" for n in r.notes),
              f"threshold P(disagree) <= {r.router.threshold:.4f} (chosen on the training split for agreement >= "
              f"{r.target_agreement:.4f})",
-             f"held out, 'heavy would disagree' above the threshold: precision {r.precision:.3f}, "
+             f"held out, '{POSITIVE[r.router.trained.get('labels', 'token')]}' above the threshold: "
+             f"precision {r.precision:.3f}, "
              f"recall {r.recall:.3f}; above 0.5: precision {r.precision_half:.3f}, recall {r.recall_half:.3f}",
              "", "held-out route replay (unchecked = light tokens the heavy model never checks)",
              f"{'rule':<22}{'bar':>8}{'unchecked':>11}{'light_share':>13}{'agreement':>11}"]
