@@ -135,7 +135,11 @@ class Supervisor:
         return 0
 
     def death(self) -> Death | None:
-        """The server's death, if it died (what is left of it is stopped first)."""
+        """The server's death, if it died (what is left of it is stopped first). A dead server
+        comes first: its stubs die with it."""
+        if not self.server.is_running():
+            code = self.server.stop()
+            return Death(Cause.SERVER_EXITED, describe_exit(code), tail(self.server.log_text()))
         lost = self.server.lost_stubs()
         if lost:
             names = self.server.stub_names()
@@ -143,9 +147,6 @@ class Supervisor:
             self.server.stop()
             return Death(Cause.STUB_DIED, f"{stubs}; its model would fail every request while "
                                           "Triton still reports ready", tail(self.server.log_text()))
-        if not self.server.is_running():
-            code = self.server.stop()
-            return Death(Cause.SERVER_EXITED, describe_exit(code), tail(self.server.log_text()))
         return None
 
     def recover(self, death: Death) -> bool:
