@@ -8,12 +8,15 @@ text. Over ``--restarts`` serve exits non-zero naming the limit. Nothing is left
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import requests
 from test_faults import TRITON_STUB_ABORT
 
 from support.serve_process import SERVE_TIMEOUT_S, ServeLines, children, serve_args, server_pids, stub_pid, tokenrouter
@@ -23,6 +26,7 @@ from tokenrouter_backend.server.probe import http_status
 pytestmark = pytest.mark.triton  # every test here starts tokenrouter serve
 
 RESTART_BOUND_S = 120.0  # stop + backoff + loading the tiny pair again; only bounds a hang
+FRONT_BOUND_S = 2.0      # the OpenAI front's gRPC channel reconnects within this after a restart
 PROMPT = "def add(a, b):\n    "
 KNOBS = {"max_tokens": 8, "temperature": 0.0, "router_mode": "verify"}
 
@@ -76,6 +80,15 @@ def restarted(lines: ServeLines, host: str, k: int, limit: int) -> None:
     assert http_status(f"http://{host}/v2/health/ready", 5) == 200
 
 
+def front_completion(front: str) -> str:
+    """The OpenAI front's greedy completion of PROMPT."""
+    resp = requests.post(f"{front}/completions", timeout=60, json={
+        "model": "tokenrouter", "prompt": PROMPT, "max_tokens": KNOBS["max_tokens"], "temperature": 0,
+        "router_mode": KNOBS["router_mode"]})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]["text"]
+
+
 def test_serve_restarts_a_killed_server_and_a_killed_stub_on_the_same_ports(start_serve):
     proc, lines, host = start_serve("--restarts", "2")
     expected = generate_http(host, PROMPT, timeout_s=60, **KNOBS).text
@@ -101,6 +114,35 @@ def test_serve_restarts_a_killed_server_and_a_killed_stub_on_the_same_ports(star
     assert proc.poll() is None
 
 
+def poll_until(url: str, done: threading.Event) -> None:
+    """GET ``url`` every 0.5 s until ``done``, as a load balancer's health check does."""
+    while not done.wait(0.5):
+        requests.get(url, timeout=10)
+
+
+def test_the_openai_front_answers_soon_after_a_long_restart(start_serve):
+    """30 s down while a load balancer polls the front's /health: with gRPC's default
+    reconnect backoff the front's channel would wait ~17 s between attempts by then."""
+    proc, lines, host = start_serve("--openai-port", "0", "--restart-backoff-s", "30")
+    front = re.search(r"OpenAI +(http://\S+)", lines.text).group(1)
+    health = f"{front.removesuffix('/v1')}/health"
+    expected = front_completion(front)
+    os.kill(tritonserver_pid(proc), signal.SIGKILL)
+    restart_done = threading.Event()
+    poller = threading.Thread(target=poll_until, args=(health, restart_done), daemon=True)
+    poller.start()
+    try:
+        restarted(lines, host, 1, 3)
+    finally:
+        restart_done.set()
+        poller.join()
+    ready_again = time.monotonic()
+    while requests.get(health, timeout=10).status_code != 200:
+        assert time.monotonic() - ready_again < FRONT_BOUND_S, "the OpenAI front still cannot reach Triton"
+        time.sleep(0.1)
+    assert front_completion(front) == expected
+
+
 def test_serve_over_its_restart_limit_exits_nonzero_naming_it(start_serve):
     proc, lines, host = start_serve("--restarts", "1")
     os.kill(tritonserver_pid(proc), signal.SIGKILL)
@@ -110,3 +152,12 @@ def test_serve_over_its_restart_limit_exits_nonzero_naming_it(start_serve):
     time.sleep(0.5)  # the stderr pump reads the last lines
     assert "restart limit reached: 1 restarts in the last 600 s (limit --restarts 1 within " \
            "--restart-window-s 600)" in lines.errors, lines.errors
+
+
+def test_sigterm_during_the_backoff_stops_serve_cleanly(start_serve):
+    proc, lines, host = start_serve("--restart-backoff-s", "30")
+    os.kill(tritonserver_pid(proc), signal.SIGKILL)
+    lines.wait_for(r"restarting tritonserver in 30 s \(restart 1 of 3 in 600 s\)", RESTART_BOUND_S)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0  # not after the 30 s backoff
+    assert http_status(f"http://{host}/v2/health/ready", 2) is None  # the fixture checks no process is left

@@ -189,8 +189,8 @@ class Supervisor:
         return len(self.restarts)
 
     def _restart(self) -> None:
-        self.serving.clear()
         self.server.stop()  # a failed earlier attempt may have left a process behind
+        self.serving.clear()
         self.server.start()
         self.server.wait_ready()
         self.serving.set()
