@@ -1,4 +1,5 @@
-"""`tokenrouter serve`: run tritonserver on a model repository until interrupted."""
+"""`tokenrouter serve`: run tritonserver on a model repository until interrupted, restarting it
+when it or a model's Python stub dies (the policy: server/supervisor.py)."""
 from __future__ import annotations
 
 import argparse
