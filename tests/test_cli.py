@@ -1,33 +1,18 @@
-"""`tokenrouter` command: lazy subcommands; `serve` end to end (ready, SIGTERM, failing model)."""
+"""`tokenrouter` command: lazy subcommands; `serve` end to end (ready, SIGTERM, failing model,
+restarts off). Restarts: tests/test_serve_restart.py."""
 from __future__ import annotations
 
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from support.serve_process import SERVE_TIMEOUT_S, serve_args, server_pids, tokenrouter
 from support.triton_repo import ADD_ONE_MODEL, write_failing_model, write_python_model
 from tokenrouter_backend.cli import main as cli
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SERVE_TIMEOUT_S = 120
-
-
-def _tokenrouter(*args: str, data_dir: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), TOKENROUTER_DATA=str(data_dir))
-    return subprocess.Popen([sys.executable, "-m", "tokenrouter_backend", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _serve_args(repo: Path, tmp_path: Path) -> list[str]:
-    return ["serve", "--repository", str(repo), "--http-port", "0", "--grpc-port", "0",
-            "--metrics-port", "0", "--log-file", str(tmp_path / "serve.log"),
-            "--ready-timeout", str(SERVE_TIMEOUT_S)]
 
 
 def _get(url: str, headers: dict | None = None) -> int:
@@ -39,15 +24,6 @@ def _get(url: str, headers: dict | None = None) -> int:
             return r.status
     except urllib.error.HTTPError as err:
         return err.code
-
-
-def _server_pids(repo: Path) -> list[int]:
-    """tritonserver (``--model-repository=REPO``) and stub (``REPO/<model>/1/model.py``) pids."""
-    pids = []
-    for pattern in (f"--model-repository={repo}", f"{repo}/"):
-        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
-        pids += [int(p) for p in out.split()]
-    return pids
 
 
 def test_unavailable_subcommand_fails_alone(monkeypatch, capsys):
@@ -66,7 +42,7 @@ def test_help_imports_no_subcommand_module():
 def test_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
-    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    proc = tokenrouter(*serve_args(repo, tmp_path), data_dir=tmp_path / "data")
     try:
         lines = []
         for line in proc.stdout:
@@ -85,49 +61,50 @@ def test_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
         assert _get(f"{http}/v2/models/add_one/config", {"tokenrouter-admin-key": key}) == 200
         assert re.search(r"HTTP +http://127\.0\.0\.1:\d+", text)
         assert re.search(r"gRPC +127\.0\.0\.1:\d+", text)
-        assert len(_server_pids(repo)) >= 2, "expected tritonserver and a stub running"
+        assert len(server_pids(repo)) >= 2, "expected tritonserver and a stub running"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=SERVE_TIMEOUT_S) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
     time.sleep(0.5)
-    assert _server_pids(repo) == []
+    assert server_pids(repo) == []
 
 
 @pytest.mark.triton
 def test_killed_serve_leaves_no_server(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
-    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    proc = tokenrouter(*serve_args(repo, tmp_path), data_dir=tmp_path / "data")
     try:
         assert any(line.startswith("ready") for line in proc.stdout), proc.stderr.read()
-        assert _server_pids(repo)
+        assert server_pids(repo)
     finally:
         proc.kill()  # SIGKILL: serve cannot clean up; the server must notice by itself
         proc.wait()
     deadline = time.monotonic() + SERVE_TIMEOUT_S
-    while _server_pids(repo) and time.monotonic() < deadline:
+    while server_pids(repo) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _server_pids(repo) == []
+    assert server_pids(repo) == []
 
 
 @pytest.mark.triton
-def test_serve_stops_when_a_stub_dies(tmp_path):
+def test_serve_with_restarts_off_stops_when_a_stub_dies(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
-    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    proc = tokenrouter(*serve_args(repo, tmp_path), "--restarts", "0", data_dir=tmp_path / "data")
     try:
         assert any(line.startswith("ready") for line in proc.stdout), proc.stderr.read()
-        stub = next(pid for pid in _server_pids(repo)
+        stub = next(pid for pid in server_pids(repo)
                     if Path(f"/proc/{pid}/cmdline").read_bytes().find(b"/add_one/1/model.py") >= 0)
         os.kill(stub, signal.SIGKILL)  # as the kernel's OOM killer would
         _, err = proc.communicate(timeout=SERVE_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1 and f"Python stub died (pid {stub})" in err, err
-    assert _server_pids(repo) == []
+    assert proc.returncode == 1 and f"Python stub died: model 'add_one' (pid {stub})" in err, err
+    assert "restarts are off (--restarts 0)" in err, err
+    assert server_pids(repo) == []
 
 
 @pytest.mark.triton
@@ -135,7 +112,7 @@ def test_serve_exits_nonzero_with_the_failing_models_error(tmp_path):
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
     write_failing_model(repo, "broken", "tokenizer file missing")
-    proc = _tokenrouter(*_serve_args(repo, tmp_path), data_dir=tmp_path / "data")
+    proc = tokenrouter(*serve_args(repo, tmp_path), data_dir=tmp_path / "data")
     try:
         _, err = proc.communicate(timeout=SERVE_TIMEOUT_S)
     finally:
@@ -143,11 +120,11 @@ def test_serve_exits_nonzero_with_the_failing_models_error(tmp_path):
             proc.kill()
     assert proc.returncode != 0
     assert "'broken'" in err and "tokenizer file missing" in err
-    assert _server_pids(repo) == []
+    assert server_pids(repo) == []
 
 
 def test_serve_refuses_a_missing_repository(tmp_path):
-    proc = _tokenrouter("serve", "--repository", str(tmp_path / "nope"), data_dir=tmp_path)
+    proc = tokenrouter("serve", "--repository", str(tmp_path / "nope"), data_dir=tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "model repository not found" in err
 
@@ -160,7 +137,7 @@ def test_serve_openai_port_starts_the_front_and_stops_it(tmp_path):
 
     repo = tmp_path / "repo"
     write_python_model(repo, "add_one", ADD_ONE_MODEL)
-    proc = _tokenrouter(*_serve_args(repo, tmp_path), "--openai-port", "0", data_dir=tmp_path / "data")
+    proc = tokenrouter(*serve_args(repo, tmp_path), "--openai-port", "0", data_dir=tmp_path / "data")
     try:
         lines = []
         for line in proc.stdout:
@@ -185,7 +162,7 @@ def test_serve_openai_port_starts_the_front_and_stops_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
     time.sleep(0.5)
-    assert _server_pids(repo) == []
+    assert server_pids(repo) == []
 
 
 def test_serve_heavy_url_refuses_a_bad_entry_naming_the_field(tmp_path, capsys):
@@ -203,3 +180,12 @@ def test_serve_heavy_url_list_reaches_the_router_environment(tmp_path, monkeypat
         cli.main(["serve", "--repository", str(tmp_path), "--admin-key-file", str(tmp_path / "admin.key"),
                   "--heavy-url", "h0:8001, h1:8001", "--heavy-url", "h2:8001"])
     assert os.environ[HEAVY_URL_ENV] == "h0:8001,h1:8001,h2:8001"
+
+
+@pytest.mark.parametrize("flag, value, allowed", [("--restarts", "-1", ">= 0"),
+                                                  ("--restart-window-s", "0", "> 0"),
+                                                  ("--restart-backoff-s", "31", "[0, 30]")])
+def test_serve_refuses_a_bad_restart_policy_naming_the_flag(tmp_path, capsys, flag, value, allowed):
+    assert cli.main(["serve", "--repository", str(tmp_path), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and allowed in err, err

@@ -4,7 +4,8 @@ The request in flight must fail with an error naming the branch, within a bound 
 Afterwards the server must serve again or report itself unready: Triton 2.51 keeps
 answering ready while the branch fails every request, so the launcher's readiness
 (``TritonServer.is_ready``) also checks that every stub it saw at readiness still runs, and
-``tokenrouter serve`` stops when one died (a supervisor restarts it).
+``tokenrouter serve`` restarts the server when one died (tests/test_serve_restart.py). These
+tests start tritonserver directly, without serve's restart policy.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_killed_branch_stub_fails_the_request_by_name(tiny_repository, start_tri
     message, took = kill_stub_mid_request(server, model)
     assert took < ANSWER_BOUND_S
     if aborted_on_the_stub_mutex(server):
-        return  # the request still failed, fast; tritonserver is down (a supervisor restarts it)
+        return  # the request still failed, fast; tritonserver is down (serve would restart it)
     assert f"{model} branch" in message, message
     assert server.is_running()
 

@@ -150,3 +150,30 @@ def test_parse_model_errors_reads_lines_and_wrapped_table():
     assert errors["a"].startswith("Internal: RuntimeError: bad a\n\nAt:")
     assert errors["b"] == "Invalid argu ment: no config"
     assert "c" not in errors
+
+
+class _Popen:
+    """A stand-in for the server's process: running (code None) or exited."""
+
+    pid = 2**22 + 1  # above the kernel's largest pid_max: no real process group
+
+    def __init__(self, code: int | None):
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def test_ports_picked_at_the_first_start_are_kept_for_a_restart(tmp_path, monkeypatch):
+    log = tmp_path / "t.log"
+    server = TritonServer(tmp_path, log_path=log, ready_timeout_s=5)
+    ports = (server.http_port, server.grpc_port, server.metrics_port)
+    monkeypatch.setattr(server, "_http_status", lambda path: 200)
+    monkeypatch.setattr(server, "stop", lambda: None)
+    server._proc = _Popen(None)  # answers ready: clients now know these ports
+    server.wait_ready()
+    log.write_text("E1201 http_server.cc:4752] failed to start HTTP service: Address already in use\n")
+    server._proc = _Popen(1)  # the restart found a port taken: it must fail, not move elsewhere
+    with pytest.raises(TritonServerError, match="exited with code 1 before it was ready"):
+        server.wait_ready()
+    assert (server.http_port, server.grpc_port, server.metrics_port) == ports

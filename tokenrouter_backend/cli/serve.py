@@ -1,4 +1,5 @@
-"""`tokenrouter serve`: run tritonserver on a model repository until interrupted."""
+"""`tokenrouter serve`: run tritonserver on a model repository until interrupted, restarting it
+when it or a model's Python stub dies (the policy: server/supervisor.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,6 @@ from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV
 from tokenrouter_backend.server import paths
 from tokenrouter_backend.server.errors import TritonServerError
-from tokenrouter_backend.server.logs import tail
 from tokenrouter_backend.server.ports import LOOPBACK
 from tokenrouter_backend.server.process import (
     DEFAULT_READY_TIMEOUT_S,
@@ -20,7 +20,6 @@ from tokenrouter_backend.server.process import (
     DEFAULT_SHM_GROWTH_BYTES,
     MIB,
     MODEL_CONTROL_MODES,
-    POLL_INTERVAL_S,
     TritonServer,
 )
 from tokenrouter_backend.server.restrictions import (
@@ -29,6 +28,17 @@ from tokenrouter_backend.server.restrictions import (
     RESTRICTED_APIS,
     TRITON_APIS,
     write_key_file,
+)
+from tokenrouter_backend.server.supervisor import (
+    BACKOFF_CAP_S,
+    BACKOFF_FLAG,
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_WINDOW_S,
+    RESTARTS_FLAG,
+    WINDOW_FLAG,
+    RestartPolicy,
+    Supervisor,
 )
 
 
@@ -65,9 +75,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the router's heavy server(s) over gRPC (repeatable or comma list; several = "
                              f"a heavy pool); sets ${HEAVY_URL_ENV}, which overrides the router's heavy_url "
                              "(default: unset, the repository's heavy_url)")
+    add_restart_arguments(parser)
     add_openai_arguments(parser)
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
                         help=f"seconds to wait for every model (default {DEFAULT_READY_TIMEOUT_S:.0f})")
+
+
+def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("restart policy (when tritonserver or a model's Python stub dies)")
+    group.add_argument(RESTARTS_FLAG, type=int, default=DEFAULT_MAX_RESTARTS, metavar="N",
+                       help="restart tritonserver on the same ports at most N times within the window "
+                            f"(default {DEFAULT_MAX_RESTARTS}; 0 = exit instead, for an outside supervisor)")
+    group.add_argument(WINDOW_FLAG, type=float, default=DEFAULT_WINDOW_S, metavar="S",
+                       help=f"the sliding window of {RESTARTS_FLAG}, seconds (default {DEFAULT_WINDOW_S:g})")
+    group.add_argument(BACKOFF_FLAG, type=float, default=DEFAULT_BACKOFF_S, metavar="S",
+                       help=f"wait before the first restart in the window, doubling for each next one, "
+                            f"at most {BACKOFF_CAP_S:g} s (default {DEFAULT_BACKOFF_S:g})")
 
 
 class FrontFailed(Exception):
@@ -120,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     port = lambda p: None if p == 0 else p  # noqa: E731
     try:
+        policy = RestartPolicy(args.restarts, args.restart_window_s, args.restart_backoff_s)
         if args.heavy_url:
             os.environ[HEAVY_URL_ENV] = ",".join(parse_heavy_urls(",".join(args.heavy_url)))
         server = TritonServer(repository, http_port=port(args.http_port), grpc_port=port(args.grpc_port),
@@ -152,25 +176,11 @@ def run(args: argparse.Namespace) -> int:
               f"  metrics {server.metrics_url}" + (f"\n  OpenAI  {front.url}" if front else "")
               + (f"\n  heavy   {os.environ[HEAVY_URL_ENV]}" if args.heavy_url else "")
               + f"\n  {restricted}", flush=True)
-        serving.set()
-        while not stop_requested.wait(POLL_INTERVAL_S):
-            if front is not None and not front.is_running():
-                print("tokenrouter serve: the OpenAI front stopped; stopping", file=sys.stderr)
-                return 1
-            if server.lost_stubs():
-                lost = server.lost_stubs()
-                server.stop()
-                print(f"tokenrouter serve: a model's Python stub died (pid {', '.join(map(str, lost))}); its model "
-                      "would fail every request while Triton still reports ready, so the server stops here "
-                      "(let a supervisor restart it)", file=sys.stderr)
-                return 1
-            if not server.is_running():
-                code = server.stop()
-                print(f"tokenrouter serve: tritonserver exited with code {code}; "
-                      f"last log lines:\n{tail(server.log_text())}", file=sys.stderr)
-                return 1
-        print("tokenrouter serve: stopping", flush=True)
-        return 0
+        code = Supervisor(server, policy, stop_requested, serving=serving).watch(
+            lambda: _front_stopped(front))
+        if code == 0:
+            print("tokenrouter serve: stopping", flush=True)
+        return code
     except TritonServerError as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 1
@@ -186,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _front_stopped(front) -> str | None:
+    return None if front is None or front.is_running() else "the OpenAI front stopped; stopping"
 
 
 def _announce_restriction(server: TritonServer, key_file: Path) -> str:

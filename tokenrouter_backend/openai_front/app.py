@@ -50,7 +50,11 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def lifespan(app: FastAPI):
         import tritonclient.grpc.aio as grpcclient
 
-        app.state.triton = grpcclient.InferenceServerClient(config.triton_grpc_url)
+        from tokenrouter_backend.client.grpc_channel import reconnecting_channel_args
+
+        # reconnects within a second once a restarted server is back (`serve --restarts`)
+        app.state.triton = grpcclient.InferenceServerClient(config.triton_grpc_url,
+                                                            channel_args=reconnecting_channel_args())
         try:
             yield
         finally:

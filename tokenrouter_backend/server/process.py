@@ -52,7 +52,8 @@ PORT_IN_USE_RE = re.compile(r"already in use", re.IGNORECASE)
 class TritonServer:
     """One tritonserver process on a model repository.
 
-    Ports left as ``None`` are picked free on loopback (re-picked if one is taken meanwhile).
+    Ports left as ``None`` are picked free on loopback (re-picked if one is taken meanwhile);
+    once the server was ready they stay fixed, so a later ``start()`` comes back on them.
     ``model_control_mode`` is ``none`` (load everything at start), ``explicit`` (load
     ``load_models``, default ``["*"]``, and allow `load_model`/`unload_model`) or ``poll``.
     ``shm_default_bytes``/``shm_growth_bytes``: the Python backend's shared memory per model
@@ -102,7 +103,7 @@ class TritonServer:
         self._log_offset = 0
         self._lock = threading.Lock()
         self.shm_prefix: str | None = None  # the Python backend's shared-memory names (set by command())
-        self._stubs: set[int] = set()  # Python stub pids when the server became ready
+        self._stubs: dict[int, str] = {}  # Python stub pid -> its model, when the server became ready
 
     # ---- endpoints
     @property
@@ -169,7 +170,7 @@ class TritonServer:
         that called start() ends, so a killed launcher leaves no server behind — call it from
         a long-lived thread (normally the main one).
         """
-        self._stubs = set()
+        self._stubs = {}
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 raise TritonServerError(f"tritonserver already running (pid {self._proc.pid})")
@@ -209,7 +210,9 @@ class TritonServer:
             if errors:
                 self._fail("tritonserver could not load every model", errors)
             if self._http_status("/v2/health/ready") == 200:
-                self._stubs = {pid for pid in self.group_pids() if pid != self._proc.pid}
+                self._stubs = {pid: stub_model(pid) for pid in self.group_pids() if pid != self._proc.pid}
+                # clients know these ports now: a later start() (a restart) comes back on them
+                self._requested_ports = (self.http_port, self.grpc_port, self.metrics_port)
                 return self
             if time.monotonic() > deadline:
                 self._fail(f"tritonserver not ready after {timeout_s:.0f} s", errors)
@@ -260,6 +263,10 @@ class TritonServer:
     def lost_stubs(self) -> list[int]:
         """Stub pids alive at readiness that are gone now (a branch crashed or was OOM-killed)."""
         return sorted(pid for pid in self._stubs if not _pid_alive(pid))
+
+    def stub_names(self) -> dict[int, str]:
+        """The model each stub seen at readiness serves (pid -> model name)."""
+        return dict(self._stubs)
 
     def group_pids(self) -> list[int]:
         """Live processes of the server's process group (server and its Python stubs)."""
@@ -373,6 +380,16 @@ def remove_shm_regions(prefix: str | None) -> int:
         except OSError:
             pass
     return removed
+
+
+def stub_model(pid: int) -> str:
+    """The model a Python-backend stub serves: its argv names ``<repository>/<model>/<version>/model.py``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    scripts = [Path(arg.decode(errors="replace")) for arg in argv if arg.endswith(b".py")]
+    return scripts[0].parent.parent.name if scripts else "?"
 
 
 def _pid_alive(pid: int) -> bool:
