@@ -12,8 +12,13 @@ cd "$(dirname "$0")/.."
 URL=$1 TOKENIZER=$2 OUT=$3
 mkdir -p "$OUT"
 AIPERF=${AIPERF:-.venv-aiperf/bin/aiperf}
-for mode in ${MODES:-heavy verify route}; do
-  for c in ${CONCURRENCIES:-1 4 8}; do
+# concurrency outer, modes inner (their order rotated per concurrency): the arms compared at one
+# concurrency run back to back, so a machine getting busier or quieter hits every mode alike
+MODE_LIST=(${MODES:-heavy verify route})
+i=0
+for c in ${CONCURRENCIES:-1 4 8}; do
+  for j in "${!MODE_LIST[@]}"; do
+    mode=${MODE_LIST[$(( (i + j) % ${#MODE_LIST[@]} ))]}
     echo "== aiperf: mode $mode, concurrency $c"
     # server token counts: re-tokenizing the answer text can count fewer tokens than were generated;
     # answer_cache false: every mode gets the same synthetic prompts (--random-seed), and a later mode
@@ -24,5 +29,6 @@ for mode in ${MODES:-heavy verify route}; do
       --use-server-token-count --extra-inputs "router_mode:$mode" --extra-inputs "answer_cache:false" --ui none \
       --artifact-dir "$OUT/$mode-c$c" >"$OUT/$mode-c$c.log" 2>&1 || { tail -20 "$OUT/$mode-c$c.log"; exit 1; }
   done
+  i=$((i + 1))
 done
 "${PYTHON:-.venv/bin/python}" -m tokenrouter_backend.client.aiperf_table "$OUT"
