@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tokenrouter_backend.server.restrictions import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_HEADER_PREFIX
 
+from .arm_prompts import NO_REUSE_KNOBS, for_arm
 from .workloads import Prompt
 
 MODEL = "tokenrouter"
@@ -184,7 +185,9 @@ def run_point(grpc_url: str, prompts: list[Prompt], mode: str, concurrency: int,
               work_dir: Path, extra: dict | None = None, window_requests: int = WINDOW_REQUESTS,
               timeout_s: float = POINT_TIMEOUT_S, admin_key: str | None = None) -> LoadPoint:
     work_dir.mkdir(parents=True, exist_ok=True)
-    data = write_input_data(work_dir / f"input_{mode}.json", prompts, mode, max_tokens, extra)
+    prompts = [dataclasses.replace(p, text=for_arm(p.text, mode, i)) for i, p in enumerate(prompts)]
+    data = write_input_data(work_dir / f"input_{mode}.json", prompts, mode, max_tokens,
+                            {**NO_REUSE_KNOBS, **(extra or {})})
     csv_path = work_dir / f"perf_{mode}_c{concurrency}.csv"
     profile = work_dir / f"profile_{mode}_c{concurrency}.json"
     profile.unlink(missing_ok=True)  # perf_analyzer refuses an existing export file

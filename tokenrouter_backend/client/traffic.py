@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import triton_client
+from .arm_prompts import NO_REUSE_KNOBS, for_arm
 from .workloads import CODE_PROMPTS
 
 MODES = ("heavy", "verify", "route")
@@ -139,7 +140,7 @@ class RssSampler:
 
 def one(url: str, prompt: str, kind: str, mode: str, max_tokens: int) -> Sample:
     r = triton_client.generate_grpc(url, prompt, stream=True, router_mode=mode, max_tokens=max_tokens,
-                                    timeout_s=1800)
+                                    timeout_s=1800, **NO_REUSE_KNOBS)
     gaps = r.inter_token_gaps
     return Sample(kind, r.tokens, int(r.stats.get("prompt_tokens", 0)), r.latency_s, r.ttft_s,
                   max(gaps) if gaps else 0.0, bool(r.stats.get("light_skipped", False)))
@@ -150,7 +151,8 @@ def run_case(url: str, case: str, requests: list[tuple[str, str]], mode: str, ma
     with RssSampler(repo) as rss:
         t0 = time.perf_counter()
         with cf.ThreadPoolExecutor(len(requests)) as pool:
-            samples = list(pool.map(lambda kp: one(url, kp[1], kp[0], mode, max_tokens), requests))
+            samples = list(pool.map(lambda ikp: one(url, for_arm(ikp[1][1], case, mode, rnd, ikp[0]), ikp[1][0],
+                                                    mode, max_tokens), enumerate(requests)))
         wall = time.perf_counter() - t0
     return CaseRun(case, mode, rnd, wall, samples, rss.added_mb())
 
