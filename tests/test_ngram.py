@@ -173,3 +173,14 @@ def test_heavy_only_steps_still_take_ngram_drafts_the_plan_allows():
     assert off == ref and stats_off.ngram_blocks == 0  # the request said no
     route, stats_route, _, _ = _run_planned(prompt, "route", free=8, ngram_drafts=True)
     assert route == ref and stats_route.ngram_tokens >= 20  # route's heavy steps take them too
+
+
+def test_route_heavy_only_steps_run_a_block_per_heavy_call():
+    """The cost model left the light model out of a route request: heavy-only steps run
+    block_size tokens per heavy call, as heavy mode does (one call per token would make
+    route slower than heavy-only, measured on a long prompt)."""
+    prompt = (5, 9, 2, 7, 1)
+    ref, _, _, heavy_ref = run(prompt, "heavy", max_tokens=30, ngram_drafts=False)
+    out, stats, light, _ = _run_planned(prompt, "route", free=0)
+    assert out == ref and light.calls == 0
+    assert stats.heavy_calls <= -(-30 // RouterDefaults().block_size) + 2  # a block per call, not 30 calls

@@ -178,6 +178,15 @@ class BlockLoop:
         await self.single_branch_block(self.heavy, HEAVY, block=1)
         self.verified_len = len(self.tokens)  # nothing unchecked precedes it
 
+    async def route_heavy_block(self) -> None:
+        """route, heavy-only steps planned: a heavy check vouches for any unchecked light
+        tokens first; with none, the heavy model runs a whole block per call, as in heavy mode."""
+        if self.verified_len < len(self.tokens) or self.unvouched_tail:
+            await self.heavy_check([], None)
+            return
+        await self.single_branch_block(self.heavy, HEAVY)
+        self.verified_len = len(self.tokens)
+
     async def verify_block(self) -> None:
         """Light drafts, heavy checks all drafts in one forward (lossless)."""
         k = min(self.block, self.remaining - 1)  # heavy adds one token of its own
@@ -375,7 +384,7 @@ class BlockLoop:
             await self.ngram_block(self.params.mode, drafts)  # the light model is left out, copies are not
         elif mode == Mode.HEAVY and self.params.mode == Mode.ROUTE:
             self.stats.heavy_only_blocks += 1
-            await self.heavy_check([], None)  # vouches for unchecked light tokens on the way
+            await self.route_heavy_block()
         elif mode == Mode.HEAVY:
             self.stats.heavy_only_blocks += self.params.mode == Mode.VERIFY
             await self.single_branch_block(self.heavy, HEAVY)
