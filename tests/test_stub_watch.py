@@ -1,0 +1,173 @@
+"""The container stub watchdog (server/stub_watch.py) around the wheel's real tritonserver.
+
+The command line is the one `TritonServer.start` runs (``launch_command``) on the tiny pair.
+SIGKILL of the heavy model's stub (as the OOM killer would) makes the watchdog stop
+tritonserver and exit 3 naming ``heavy``; SIGTERM to the watchdog stops tritonserver
+gracefully; docker/tritonserver.sh runs the watchdog by default. Nothing is left behind.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.serve_process import children, stub_pid
+from tokenrouter_backend.server.pids import pid_alive, process_group_pids
+from tokenrouter_backend.server.process import TritonServer
+from tokenrouter_backend.server.stub_watch import EXIT_STUB_LOST
+
+ROOT = Path(__file__).resolve().parents[1]
+READY_BOUND_S = 120.0  # the tiny pair loads in seconds; this only bounds a hang
+EXIT_BOUND_S = 20.0    # stub death -> watchdog gone (poll 0.5 s + Triton's graceful stop)
+ADMIN_KEY = "stub-watch-test-key-0123"
+READY_LINE = r"stub_watch: tritonserver ready; watching (\d+) Python stubs"
+
+
+class Watched:
+    """One watchdog process, its output in a file, and the pids it ran under it."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path):
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        self.seen: set[int] = set()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout_s: float = READY_BOUND_S) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.text(), re.M)
+            if found:
+                return found
+            assert self.proc.poll() is None, f"watchdog exited {self.proc.returncode}:\n{self.text()[-3000:]}"
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} within {timeout_s:.0f} s:\n{self.text()[-3000:]}")
+
+    def server_pid(self) -> int:
+        """tritonserver: the watchdog's child, leader of its own process group."""
+        kids = children(self.proc.pid)
+        servers = [p for p in kids if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
+        assert len(servers) == 1, f"expected one tritonserver under the watchdog, got {kids}"
+        self.seen.update(process_group_pids(servers[0]))
+        return servers[0]
+
+    def wait_exit(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout_s)
+
+    def cleanup(self) -> None:
+        """Whatever happened: nothing of this run may survive the test."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.seen:
+            if pid_alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def survivors(self) -> list[int]:
+        return sorted(pid for pid in self.seen if pid_alive(pid))
+
+
+@pytest.fixture
+def launch(tiny_repository, tmp_path):
+    """(server, argv, env) of tritonserver on the tiny pair, as `TritonServer.start` runs it."""
+    server = TritonServer(tiny_repository, log_path=tmp_path / "unused.log", restricted_apis=())
+    argv, env = server.launch_command()
+    return server, argv, {**env, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def watched(tmp_path):
+    runs: list[Watched] = []
+
+    def start(argv: list[str], env: dict[str, str]) -> Watched:
+        run = Watched(argv, env, tmp_path / f"watch-{len(runs)}.log")
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.cleanup()
+
+
+def watchdog_argv(server_argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", "tokenrouter_backend.server.stub_watch", "--poll-s", "0.5", "--", *server_argv]
+
+
+def shm_regions(prefix: str) -> list[Path]:
+    return list(Path("/dev/shm").glob(prefix + "*"))
+
+
+def kill_heavy_stub_and_expect_exit(run: Watched, server: TritonServer) -> None:
+    heavy = [stub_pid(run.server_pid(), "heavy")]
+    assert shm_regions(server.shm_prefix), "the Python backend's regions carry this server's prefix"
+    os.kill(heavy[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = run.wait_exit(EXIT_BOUND_S)
+    took = time.monotonic() - killed_at
+    text = run.text()
+    assert code == EXIT_STUB_LOST, f"exit {code} after {took:.1f} s:\n{text[-3000:]}"
+    assert re.search(rf"stub_watch: Python stub died: model 'heavy' \(pid {heavy[0]}\)", text), text[-3000:]
+    assert not run.survivors(), f"left running: {run.survivors()}"
+    assert not shm_regions(server.shm_prefix), "the killed stub's shared-memory regions were left"
+
+
+@pytest.mark.triton
+def test_a_killed_heavy_stub_ends_the_watchdog_with_exit_3(launch, watched):
+    server, argv, env = launch
+    run = watched(watchdog_argv(argv), env)
+    stubs = int(run.wait_for(READY_LINE).group(1))
+    assert stubs == 5, run.text()[-2000:]  # preprocessing, router, heavy, light, postprocessing
+    time.sleep(1.5)  # a few polls with every stub alive: no false alarm
+    assert run.proc.poll() is None, run.text()[-3000:]
+    kill_heavy_stub_and_expect_exit(run, server)
+
+
+@pytest.mark.triton
+def test_sigterm_to_the_watchdog_stops_tritonserver_gracefully(launch, watched):
+    server, argv, env = launch
+    run = watched(watchdog_argv(argv), env)
+    run.wait_for(READY_LINE)
+    run.server_pid()
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.wait_exit(60)
+    text = run.text()
+    assert code == 0, f"exit {code}:\n{text[-3000:]}"  # Triton's own code after a graceful stop
+    assert "stub_watch: SIGTERM: stopping tritonserver" in text
+    assert "SIGKILL" not in text and "stub died" not in text, text[-3000:]
+    assert not run.survivors(), f"left running: {run.survivors()}"
+    assert not shm_regions(server.shm_prefix)
+
+
+@pytest.mark.triton
+def test_the_container_wrapper_runs_tritonserver_under_the_watchdog(launch, watched, tmp_path):
+    server, argv, env = launch
+    own_flags = {"--exit-on-error=true", "--strict-readiness=true"}  # the wrapper adds these itself
+    assert own_flags <= set(argv)
+    env = {**env, "TRITONSERVER": argv[0], "TOKENROUTER_STUB_WATCH": "1",
+           "TOKENROUTER_STUB_WATCH_POLL_S": "0.5", "TOKENROUTER_ADMIN_KEY": ADMIN_KEY,
+           "PYTHON": sys.executable, "TOKENROUTER_ADMIN_KEY_FILE": str(tmp_path / "admin.key")}
+    env.pop("TOKENROUTER_RESTRICTED_APIS", None)
+    run = watched(["bash", str(ROOT / "docker/tritonserver.sh"), *[a for a in argv[1:] if a not in own_flags]], env)
+    run.wait_for(READY_LINE)
+    cmdline = Path(f"/proc/{run.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"tokenrouter_backend.server.stub_watch" in cmdline  # bash exec'd the watchdog
+    server_cmd = Path(f"/proc/{run.server_pid()}/cmdline").read_bytes().split(b"\0")
+    assert f"--http-restricted-api=model-repository,model-config,logging,shared-memory,trace:" \
+           f"tokenrouter-admin-key={ADMIN_KEY}".encode() in server_cmd  # the wrapper's flags reached it
+    kill_heavy_stub_and_expect_exit(run, server)
