@@ -358,7 +358,7 @@ def run_wrapper(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedPr
     fake = tmp_path / "tritonserver"
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    full = {**os.environ, "TRITONSERVER": str(fake),
+    full = {**os.environ, "TRITONSERVER": str(fake), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
             "TOKENROUTER_ADMIN_KEY_FILE": str(tmp_path / "admin.key"), **env}
     full = {k: v for k, v in full.items() if v is not None}
     return subprocess.run(["bash", str(ROOT / "docker/tritonserver.sh"), *args], capture_output=True,
@@ -393,3 +393,30 @@ def test_server_wrapper_refuses_open_explicit_mode_and_bad_keys(tmp_path):
     for bad in ("short", "has:colon-long-enough"):
         res = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": bad, "TOKENROUTER_RESTRICTED_APIS": None})
         assert res.returncode == 2, bad
+
+
+def test_server_wrapper_runs_tritonserver_under_the_stub_watchdog_by_default(tmp_path):
+    """The stand-in prints its parent's command line: the watchdog, or (0) the test itself."""
+    fake = tmp_path / "tritonserver"
+    fake.write_text('#!/usr/bin/env bash\ntr "\\0" " " < /proc/$PPID/cmdline; echo; exit 5\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    base = {**os.environ, "TRITONSERVER": str(fake), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
+            "TOKENROUTER_ADMIN_KEY": "a" * 20}
+    base.pop("TOKENROUTER_STUB_WATCH", None)
+
+    def wrapper(**env) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(ROOT / "docker/tritonserver.sh"), "--http-port=18999"],
+                              capture_output=True, text=True, env={**base, **env}, timeout=60)
+
+    watched = wrapper()
+    assert watched.returncode == 5, watched.stderr  # tritonserver's own exit code, passed on
+    assert "-m tokenrouter_backend.server.stub_watch --poll-s 2 -- " in watched.stdout
+    assert "stub_watch: tritonserver exited with code 5" in watched.stderr
+    polled = wrapper(TOKENROUTER_STUB_WATCH="1", TOKENROUTER_STUB_WATCH_POLL_S="0.5")
+    assert "stub_watch --poll-s 0.5 -- " in polled.stdout
+    plain = wrapper(TOKENROUTER_STUB_WATCH="0")
+    assert plain.returncode == 5 and "stub_watch" not in plain.stdout + plain.stderr
+    bad = wrapper(TOKENROUTER_STUB_WATCH="yes")
+    assert bad.returncode == 2 and "TOKENROUTER_STUB_WATCH must be 0 or 1, got 'yes'" in bad.stderr
+    bad_poll = wrapper(TOKENROUTER_STUB_WATCH_POLL_S="0")
+    assert bad_poll.returncode == 2 and "--poll-s must be in (0, 60]" in bad_poll.stderr

@@ -4,6 +4,8 @@ The command line is the one `TritonServer.start` runs (``launch_command``) on th
 SIGKILL of the heavy model's stub (as the OOM killer would) makes the watchdog stop
 tritonserver and exit 3 naming ``heavy``; SIGTERM to the watchdog stops tritonserver
 gracefully; docker/tritonserver.sh runs the watchdog by default. Nothing is left behind.
+Without Triton: the argument parsing, and the adopt / unload / reload rules against a
+stand-in server (tests/support/fake_tritonserver.py).
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ import pytest
 
 from support.serve_process import children, stub_pid
 from tokenrouter_backend.server.pids import pid_alive, process_group_pids
+from tokenrouter_backend.server.ports import free_ports
 from tokenrouter_backend.server.process import TritonServer
-from tokenrouter_backend.server.stub_watch import EXIT_STUB_LOST
+from tokenrouter_backend.server.stub_watch import EXIT_STUB_LOST, exit_code
+from tokenrouter_backend.server.stub_watch_args import TRITON_SHM_PREFIX, WatchOptions, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_BOUND_S = 120.0  # the tiny pair loads in seconds; this only bounds a hang
@@ -52,13 +56,18 @@ class Watched:
             time.sleep(0.2)
         raise AssertionError(f"no {pattern!r} within {timeout_s:.0f} s:\n{self.text()[-3000:]}")
 
-    def server_pid(self) -> int:
-        """tritonserver: the watchdog's child, leader of its own process group."""
+    def server_pid(self, comm: str = "tritonserver") -> int:
+        """The watchdog's child (``comm``), leader of its own process group; its group is tracked."""
         kids = children(self.proc.pid)
-        servers = [p for p in kids if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
-        assert len(servers) == 1, f"expected one tritonserver under the watchdog, got {kids}"
+        servers = [p for p in kids if Path(f"/proc/{p}/comm").read_text().strip() == comm]
+        assert len(servers) == 1, f"expected one {comm} under the watchdog, got {kids}"
         self.seen.update(process_group_pids(servers[0]))
         return servers[0]
+
+    def track(self) -> None:
+        """Remember every process of the watchdog's child's group (checked gone at the end)."""
+        for kid in children(self.proc.pid):
+            self.seen.update(process_group_pids(kid))
 
     def wait_exit(self, timeout_s: float) -> int:
         return self.proc.wait(timeout_s)
@@ -171,3 +180,72 @@ def test_the_container_wrapper_runs_tritonserver_under_the_watchdog(launch, watc
     assert f"--http-restricted-api=model-repository,model-config,logging,shared-memory,trace:" \
            f"tokenrouter-admin-key={ADMIN_KEY}".encode() in server_cmd  # the wrapper's flags reached it
     kill_heavy_stub_and_expect_exit(run, server)
+
+
+# ---- without Triton ------------------------------------------------------------------------
+def test_parse_args_reads_the_watchdog_options_and_tritonserver_flags():
+    opts = parse_args(["--poll-s", "0.5", "--ready-timeout-s", "30", "--", "tritonserver",
+                       "--http-port=9000", "--http-address", "10.1.2.3", "--exit-timeout-secs=5",
+                       "--backend-config=python,shm-default-byte-size=1024",
+                       "--backend-config=python,shm-region-prefix-name=mine_"])
+    assert opts == WatchOptions(command=opts.command, poll_s=0.5, ready_timeout_s=30.0,
+                                http_url="http://10.1.2.3:9000", exit_timeout_s=5, shm_prefix="mine_")
+    assert opts.command[0] == "tritonserver" and len(opts.command) == 7
+    defaults = parse_args(["--", "tritonserver", "--http-port", "8100", "--http-address=0.0.0.0"])
+    assert (defaults.poll_s, defaults.ready_timeout_s, defaults.http_url, defaults.exit_timeout_s,
+            defaults.shm_prefix) == (2.0, 0.0, "http://127.0.0.1:8100", 30, TRITON_SHM_PREFIX)
+    assert parse_args(["--", "tritonserver"]).http_url == "http://127.0.0.1:8000"
+    assert parse_args(["--", "t", "--http-port=1", "--http-port=2"]).http_url.endswith(":2")  # last wins
+    assert parse_args(["--", "t", "--http-address=::"]).http_url == "http://[::1]:8000"
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["tritonserver"], "after '--'"),
+    (["--"], "no tritonserver command"),
+    (["--poll-s", "0", "--", "t"], "--poll-s must be in (0, 60] seconds, got 0"),
+    (["--poll-s", "61", "--", "t"], "--poll-s must be in (0, 60]"),
+    (["--ready-timeout-s", "-1", "--", "t"], "--ready-timeout-s must be in [0, 86400]"),
+    (["--poll-s", "x", "--", "t"], "--poll-s"),
+    (["--", "t", "--http-port=0"], "--http-port must be an integer in [1, 65535], got '0'"),
+    (["--", "t", "--http-port=http"], "--http-port must be an integer"),
+    (["--", "t", "--exit-timeout-secs=-3"], "--exit-timeout-secs must be an integer >= 0"),
+    (["--", "t", "--allow-http=false"], "--allow-http=false"),
+])
+def test_parse_args_refuses_bad_input_naming_the_flag(argv, named, capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_exit_code_maps_signals_like_a_shell():
+    assert [exit_code(c) for c in (0, 1, 3, -9, -15)] == [0, 1, 3, 137, 143]
+
+
+def test_unloaded_and_reloaded_stubs_do_not_count_a_killed_one_does(watched, tmp_path):
+    control = tmp_path / "control"
+    (port,) = free_ports(1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_TRITON_CONTROL": str(control),
+           "FAKE_TRITON_MODELS": "heavy,light,router"}
+    fake = [sys.executable, str(ROOT / "tests/support/fake_tritonserver.py"), f"--http-port={port}"]
+    run = watched([sys.executable, "-m", "tokenrouter_backend.server.stub_watch", "--poll-s", "0.2", "--", *fake], env)
+    assert run.wait_for(READY_LINE, 30).group(1) == "3"
+    run.track()
+
+    def act(line: str, expect: str) -> None:
+        with open(control, "a") as f:
+            f.write(line + "\n")
+        run.wait_for(expect, 10)
+        run.track()
+
+    act("unload light", r"stub of model 'light' \(pid \d+\) gone with its model \(unloaded\)")
+    act("load light", r"adopted a new Python stub: model 'light'")
+    act("reload heavy", r"stub of model 'heavy' \(pid \d+\) replaced by a newer one \(reload\)")
+    time.sleep(1.0)
+    assert run.proc.poll() is None, run.text()
+    with open(control, "a") as f:
+        f.write("kill light\n")
+    assert run.wait_exit(15) == EXIT_STUB_LOST, run.text()
+    assert re.search(r"Python stub died: model 'light' \(pid \d+\)", run.text()), run.text()
+    assert "model 'heavy'" not in run.text().split("Python stub died")[1]
+    assert not run.survivors(), run.survivors()
