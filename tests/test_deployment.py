@@ -415,7 +415,8 @@ def test_server_wrapper_runs_tritonserver_under_the_stub_watchdog_by_default(tmp
     polled = wrapper(TOKENROUTER_STUB_WATCH="1", TOKENROUTER_STUB_WATCH_POLL_S="0.5")
     assert "stub_watch --poll-s 0.5 -- " in polled.stdout
     plain = wrapper(TOKENROUTER_STUB_WATCH="0")
-    assert plain.returncode == 5 and "stub_watch" not in plain.stdout + plain.stderr
+    assert plain.returncode == 5 and "tokenrouter_backend.server.stub_watch" not in plain.stdout
+    assert "stub_watch:" not in plain.stderr
     bad = wrapper(TOKENROUTER_STUB_WATCH="yes")
     assert bad.returncode == 2 and "TOKENROUTER_STUB_WATCH must be 0 or 1, got 'yes'" in bad.stderr
     bad_poll = wrapper(TOKENROUTER_STUB_WATCH_POLL_S="0")

@@ -3,7 +3,8 @@
 The command line is the one `TritonServer.start` runs (``launch_command``) on the tiny pair.
 SIGKILL of the heavy model's stub (as the OOM killer would) makes the watchdog stop
 tritonserver and exit 3 naming ``heavy``; SIGTERM to the watchdog stops tritonserver
-gracefully; docker/tritonserver.sh runs the watchdog by default. Nothing is left behind.
+gracefully; a SIGKILLed tritonserver ends it with 137; docker/tritonserver.sh runs the
+watchdog by default. Nothing is left behind, shared-memory regions included.
 Without Triton: the argument parsing, and the adopt / unload / reload rules against a
 stand-in server (tests/support/fake_tritonserver.py).
 """
@@ -67,7 +68,7 @@ class Watched:
     def track(self) -> None:
         """Remember every process of the watchdog's child's group (checked gone at the end)."""
         for kid in children(self.proc.pid):
-            self.seen.update(process_group_pids(kid))
+            self.seen.update([kid, *children(kid), *process_group_pids(kid)])
 
     def wait_exit(self, timeout_s: float) -> int:
         return self.proc.wait(timeout_s)
@@ -75,6 +76,7 @@ class Watched:
     def cleanup(self) -> None:
         """Whatever happened: nothing of this run may survive the test."""
         if self.proc.poll() is None:
+            self.track()
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(60)
@@ -84,7 +86,7 @@ class Watched:
         for pid in self.seen:
             if pid_alive(pid):
                 try:
-                    os.killpg(pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
 
@@ -161,6 +163,22 @@ def test_sigterm_to_the_watchdog_stops_tritonserver_gracefully(launch, watched):
     assert "SIGKILL" not in text and "stub died" not in text, text[-3000:]
     assert not run.survivors(), f"left running: {run.survivors()}"
     assert not shm_regions(server.shm_prefix)
+
+
+@pytest.mark.triton
+def test_a_killed_tritonserver_ends_the_watchdog_with_its_code_and_no_leftovers(launch, watched):
+    server, argv, env = launch
+    run = watched(watchdog_argv(argv), env)
+    run.wait_for(READY_LINE)
+    triton = run.server_pid()
+    assert shm_regions(server.shm_prefix)
+    os.kill(triton, signal.SIGKILL)  # as an abort would: nothing of Triton's own cleanup runs
+    code = run.wait_exit(EXIT_BOUND_S)
+    text = run.text()
+    assert code == 128 + signal.SIGKILL, f"exit {code}:\n{text[-3000:]}"
+    assert f"stub_watch: tritonserver was killed by SIGKILL; exit {128 + signal.SIGKILL}" in text
+    assert not run.survivors(), f"left running: {run.survivors()}"  # its stubs went with the group
+    assert not shm_regions(server.shm_prefix), "the dead server's shared-memory regions were left"
 
 
 @pytest.mark.triton
