@@ -3,7 +3,8 @@
 The command line is the one `TritonServer.start` runs (``launch_command``) on the tiny pair.
 SIGKILL of the heavy model's stub (as the OOM killer would) makes the watchdog stop
 tritonserver and exit 3 naming ``heavy``; SIGTERM to the watchdog stops tritonserver
-gracefully; a SIGKILLed tritonserver ends it with 137; docker/tritonserver.sh runs the
+gracefully; a SIGKILLed tritonserver ends it with 137; models unloaded, loaded and reloaded
+over the API (explicit model control) are followed; docker/tritonserver.sh runs the
 watchdog by default. Nothing is left behind, shared-memory regions included.
 Without Triton: the argument parsing, and the adopt / unload / reload rules against a
 stand-in server (tests/support/fake_tritonserver.py).
@@ -179,6 +180,34 @@ def test_a_killed_tritonserver_ends_the_watchdog_with_its_code_and_no_leftovers(
     assert f"stub_watch: tritonserver was killed by SIGKILL; exit {128 + signal.SIGKILL}" in text
     assert not run.survivors(), f"left running: {run.survivors()}"  # its stubs went with the group
     assert not shm_regions(server.shm_prefix), "the dead server's shared-memory regions were left"
+
+
+@pytest.mark.triton
+def test_models_unloaded_loaded_and_reloaded_over_the_api_are_followed(tiny_repository, tmp_path, watched):
+    """Explicit model control on the real server: an unloaded model's stub and a reloaded
+    model's old stub do not count, a newly loaded model's stub is adopted and watched."""
+    server = TritonServer(tiny_repository, log_path=tmp_path / "unused.log", model_control_mode="explicit",
+                          admin_key=ADMIN_KEY)
+    argv, env = server.launch_command()
+    run = watched(watchdog_argv(argv), {**env, "PYTHONPATH": str(ROOT)})
+    run.wait_for(READY_LINE)
+    triton = run.server_pid()
+    server.unload_model("light")
+    run.wait_for(r"stub of model 'light' \(pid \d+\) gone with its model \(unloaded\)", 60)
+    server.load_model("light")
+    run.wait_for(r"adopted a new Python stub: model 'light'", 60)
+    old_heavy = stub_pid(triton, "heavy")
+    server.load_model("heavy")  # a reload: Triton replaces the loaded model's instance
+    run.wait_for(rf"stub of model 'heavy' \(pid {old_heavy}\) replaced by a newer one \(reload\)", 60)
+    time.sleep(1.5)
+    assert run.proc.poll() is None, run.text()[-3000:]
+    assert "stub died" not in run.text()
+    run.track()
+    light = stub_pid(triton, "light")
+    os.kill(light, signal.SIGKILL)
+    assert run.wait_exit(EXIT_BOUND_S) == EXIT_STUB_LOST, run.text()[-3000:]
+    assert f"Python stub died: model 'light' (pid {light})" in run.text()
+    assert not run.survivors(), f"left running: {run.survivors()}"
 
 
 @pytest.mark.triton
