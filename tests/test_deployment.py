@@ -109,6 +109,25 @@ def test_servers_have_ports_healthcheck_shm_ulimits_restart(profile):
         assert d["image"].startswith("tokenrouter-serve:") and d["build"]["target"] == "serve"
 
 
+def test_servers_run_the_stub_watchdog_and_get_time_for_a_graceful_stop(profile):
+    from tokenrouter_backend.server.stub_watch import STOP_EXTRA_GRACE_S
+
+    name, config = profile
+    servers = {s: d for s, d in in_profile(config, name).items() if s in SERVERS}
+    assert servers
+    for svc, d in servers.items():
+        assert d["environment"]["TOKENROUTER_STUB_WATCH"] == "1", svc
+        assert d["environment"]["TOKENROUTER_STUB_WATCH_POLL_S"] == "2", svc
+        exit_timeout = int(next(a for a in d["entrypoint"] + d["command"]
+                                if a.startswith("--exit-timeout-secs=")).split("=")[1])
+        grace = d["stop_grace_period"]
+        assert grace.endswith("s") and int(grace[:-1]) >= exit_timeout + STOP_EXTRA_GRACE_S, svc
+    off = in_profile(compose_config(name, {"TOKENROUTER_STUB_WATCH": "0", "TOKENROUTER_STUB_WATCH_POLL_S": "5"}), name)
+    for svc in servers:
+        env = off[svc]["environment"]
+        assert (env["TOKENROUTER_STUB_WATCH"], env["TOKENROUTER_STUB_WATCH_POLL_S"]) == ("0", "5"), svc
+
+
 def test_gpu_reservation_exactly_where_a_gpu_is_used(profile):
     name, config = profile
     for svc, d in in_profile(config, name).items():
