@@ -197,11 +197,15 @@ def test_models_unloaded_loaded_and_reloaded_over_the_api_are_followed(tiny_repo
     server.load_model("light")
     run.wait_for(r"adopted a new Python stub: model 'light'", 60)
     old_heavy = stub_pid(triton, "heavy")
+    # Triton reloads a loaded model's instances only when its version files changed
+    (tiny_repository / "heavy" / "1" / "model.py").touch()
     server.load_model("heavy")  # a reload: Triton replaces the loaded model's instance
     run.wait_for(rf"stub of model 'heavy' \(pid {old_heavy}\) replaced by a newer one \(reload\)", 60)
     time.sleep(1.5)
     assert run.proc.poll() is None, run.text()[-3000:]
     assert "stub died" not in run.text()
+    # each load also ran a short-lived stub for the config's auto-complete: never adopted
+    assert len(re.findall(r"adopted a new Python stub: model '(?:light|heavy)'", run.text())) == 2, run.text()[-3000:]
     run.track()
     light = stub_pid(triton, "light")
     os.kill(light, signal.SIGKILL)

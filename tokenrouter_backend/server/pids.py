@@ -33,19 +33,46 @@ def process_group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def stub_model(pid: int) -> str:
-    """The model a Python-backend stub serves: its argv names ``<repository>/<model>/<version>/model.py``."""
+# A Python-backend stub's argv after ``<repository>/<model>/<version>/model.py``: shm region,
+# default size, growth size, parent pid, backend dir, IPC handle, then the stub's name (the
+# model instance's, e.g. ``heavy_0_0``; the bare model name for the short-lived stub that
+# runs a model's ``auto_complete_config`` while it loads).
+STUB_NAME_AFTER_SCRIPT = 7
+
+
+def _stub_argv(pid: int) -> tuple[str, str | None]:
+    """(model, stub name) of a stub; ("?", None) when its argv cannot be read."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return "?"
-    scripts = [Path(arg.decode(errors="replace")) for arg in argv if arg.endswith(b".py")]
-    return scripts[0].parent.parent.name if scripts else "?"
+        return "?", None
+    at = next((i for i, arg in enumerate(argv) if arg.endswith(b".py")), None)
+    if at is None:
+        return "?", None
+    model = Path(argv[at].decode(errors="replace")).parent.parent.name
+    name_at = at + STUB_NAME_AFTER_SCRIPT
+    return model, argv[name_at].decode(errors="replace") if name_at < len(argv) else None
+
+
+def stub_model(pid: int) -> str:
+    """The model a Python-backend stub serves: its argv names ``<repository>/<model>/<version>/model.py``."""
+    return _stub_argv(pid)[0]
 
 
 def server_stubs(server_pid: int) -> dict[int, str]:
-    """The Python stubs of a server that leads its own process group: pid -> model name."""
-    return {pid: stub_model(pid) for pid in process_group_pids(server_pid) if pid != server_pid}
+    """The model-instance stubs of a server that leads its own process group: pid -> model.
+
+    Left out: the stub a model load runs for ``auto_complete_config`` (named after the model
+    itself, not an instance), which ends by design once the config is complete.
+    """
+    stubs = {}
+    for pid in process_group_pids(server_pid):
+        if pid == server_pid:
+            continue
+        model, name = _stub_argv(pid)
+        if name != model:
+            stubs[pid] = model
+    return stubs
 
 
 def pid_alive(pid: int) -> bool:

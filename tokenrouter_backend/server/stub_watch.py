@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 from tokenrouter_backend.server.pids import (
     kill_group,
-    lost_pids,
     remove_shm_regions,
     server_stubs,
     terminate_with_parent,
@@ -92,7 +91,8 @@ class StubWatch:
     def _on_signal(self, signum: int, _frame) -> None:
         if self._signal is not None:  # a second signal: no more grace
             self.log(f"{signal.Signals(signum).name} again: SIGKILL to tritonserver's process group")
-            kill_group(self.proc.pid)
+            if self.proc is not None:
+                kill_group(self.proc.pid)
         else:
             self._signal = signum
             self.log(f"{signal.Signals(signum).name}: stopping tritonserver (SIGTERM, "
@@ -136,12 +136,14 @@ class StubWatch:
     def check_stubs(self) -> list[tuple[int, str]]:
         """Adopt new stubs; return the (pid, model) of recorded stubs that died."""
         self._generation += 1
-        for pid, model in server_stubs(self.proc.pid).items():
+        current = server_stubs(self.proc.pid)
+        for pid, model in current.items():
             if pid not in self.stubs:
                 self.stubs[pid] = Stub(model, self._generation)
                 self.log(f"adopted a new Python stub: model '{model}' (pid {pid})")
         dead = []
-        for pid in lost_pids(self.stubs):
+        # gone from the server's process group (or a zombie): a reused pid elsewhere does not hide it
+        for pid in sorted(set(self.stubs) - set(current)):
             stub = self.stubs.pop(pid)
             if any(s.model == stub.model and s.generation > stub.generation for s in self.stubs.values()):
                 self.log(f"stub of model '{stub.model}' (pid {pid}) replaced by a newer one (reload)")
