@@ -161,6 +161,7 @@ def test_sigterm_to_the_watchdog_stops_tritonserver_gracefully(launch, watched):
     text = run.text()
     assert code == 0, f"exit {code}:\n{text[-3000:]}"  # Triton's own code after a graceful stop
     assert "stub_watch: SIGTERM: stopping tritonserver" in text
+    assert "stub_watch: tritonserver stopped with code 0; exit 0" in text
     assert "SIGKILL" not in text and "stub died" not in text, text[-3000:]
     assert not run.survivors(), f"left running: {run.survivors()}"
     assert not shm_regions(server.shm_prefix)

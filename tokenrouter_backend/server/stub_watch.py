@@ -52,6 +52,13 @@ class Stub:
     generation: int  # the poll at which it was first seen (0 = at readiness)
 
 
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def exit_code(returncode: int) -> int:
     """A child's return code as a shell reports it: signal N -> 128+N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -89,14 +96,12 @@ class StubWatch:
                 signal.signal(sig, old)
 
     def _on_signal(self, signum: int, _frame) -> None:
+        """Forward the stop; no printing here (a handler may interrupt a print)."""
         if self._signal is not None:  # a second signal: no more grace
-            self.log(f"{signal.Signals(signum).name} again: SIGKILL to tritonserver's process group")
             if self.proc is not None:
                 kill_group(self.proc.pid)
         else:
             self._signal = signum
-            self.log(f"{signal.Signals(signum).name}: stopping tritonserver (SIGTERM, "
-                     f"--exit-timeout-secs {self.options.exit_timeout_s})")
             self._terminate()
         self._wake.set()
 
@@ -106,10 +111,14 @@ class StubWatch:
         ready = False
         while True:
             if self._signal is not None:
-                return exit_code(self.stop())
+                self.log(f"{signal_name(self._signal)}: stopping tritonserver (SIGTERM, --exit-timeout-secs "
+                         f"{opts.exit_timeout_s}; a second signal kills it at once)")
+                code = self.stop()
+                self.log(f"tritonserver stopped with code {code}; exit {exit_code(code)}")
+                return exit_code(code)
             code = self.proc.poll()
             if code is not None:
-                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
                 self.log(f"tritonserver {how}; exit {exit_code(code)}")
                 return exit_code(code)
             if not ready:
