@@ -7,9 +7,21 @@
 #   TOKENROUTER_ADMIN_KEY        the header's value; unset: a random key per start, written
 #                                (mode 0600) to TOKENROUTER_ADMIN_KEY_FILE
 #   TOKENROUTER_ADMIN_KEY_FILE   default ~/tokenrouter-admin.key (the image user's home)
+#   TOKENROUTER_STUB_WATCH       1 (default): run tritonserver under the stub watchdog
+#                                (python3 -m tokenrouter_backend.server.stub_watch), which
+#                                exits 3 when a model's Python stub dies so the container
+#                                restarts; 0: exec tritonserver directly
+#   TOKENROUTER_STUB_WATCH_POLL_S seconds between the watchdog's checks (default 2)
+#   PYTHON                       the Python with tokenrouter_backend (default python3)
 # HTTP header: tokenrouter-admin-key; gRPC metadata: triton-grpc-protocol-tokenrouter-admin-key.
 set -euo pipefail
 apis=${TOKENROUTER_RESTRICTED_APIS:-model-repository,model-config,logging,shared-memory,trace}
+watch=${TOKENROUTER_STUB_WATCH:-1}
+python=${PYTHON:-python3}
+case "$watch" in
+  0|1) ;;
+  *) echo "tritonserver.sh: TOKENROUTER_STUB_WATCH must be 0 or 1, got '$watch'" >&2; exit 2 ;;
+esac
 key_file=${TOKENROUTER_ADMIN_KEY_FILE:-${HOME:-.}/tokenrouter-admin.key}
 flags=(--exit-on-error=true --strict-readiness=true)
 for arg in "$@"; do
@@ -25,7 +37,7 @@ done
 if [ "$apis" != "none" ]; then
   key=${TOKENROUTER_ADMIN_KEY:-}
   if [ -z "$key" ]; then
-    key=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
+    key=$("$python" -c 'import secrets; print(secrets.token_urlsafe(32))')
     (umask 077 && rm -f "$key_file" && printf '%s\n' "$key" > "$key_file")
     echo "tritonserver.sh: admin APIs ($apis) need the header tokenrouter-admin-key: <the key in $key_file>"
   fi
@@ -36,4 +48,9 @@ if [ "$apis" != "none" ]; then
   flags+=("--http-restricted-api=$apis:tokenrouter-admin-key=$key"
           "--grpc-restricted-protocol=$apis:tokenrouter-admin-key=$key")
 fi
-exec "${TRITONSERVER:-tritonserver}" "${flags[@]}" "$@"
+server=("${TRITONSERVER:-tritonserver}" "${flags[@]}" "$@")
+if [ "$watch" = 1 ]; then
+  exec "$python" -m tokenrouter_backend.server.stub_watch \
+    --poll-s "${TOKENROUTER_STUB_WATCH_POLL_S:-2}" -- "${server[@]}"
+fi
+exec "${server[@]}"

@@ -109,6 +109,25 @@ def test_servers_have_ports_healthcheck_shm_ulimits_restart(profile):
         assert d["image"].startswith("tokenrouter-serve:") and d["build"]["target"] == "serve"
 
 
+def test_servers_run_the_stub_watchdog_and_get_time_for_a_graceful_stop(profile):
+    from tokenrouter_backend.server.stub_watch import STOP_EXTRA_GRACE_S
+
+    name, config = profile
+    servers = {s: d for s, d in in_profile(config, name).items() if s in SERVERS}
+    assert servers
+    for svc, d in servers.items():
+        assert d["environment"]["TOKENROUTER_STUB_WATCH"] == "1", svc
+        assert d["environment"]["TOKENROUTER_STUB_WATCH_POLL_S"] == "2", svc
+        exit_timeout = int(next(a for a in d["entrypoint"] + d["command"]
+                                if a.startswith("--exit-timeout-secs=")).split("=")[1])
+        grace = d["stop_grace_period"]
+        assert grace.endswith("s") and int(grace[:-1]) >= exit_timeout + STOP_EXTRA_GRACE_S, svc
+    off = in_profile(compose_config(name, {"TOKENROUTER_STUB_WATCH": "0", "TOKENROUTER_STUB_WATCH_POLL_S": "5"}), name)
+    for svc in servers:
+        env = off[svc]["environment"]
+        assert (env["TOKENROUTER_STUB_WATCH"], env["TOKENROUTER_STUB_WATCH_POLL_S"]) == ("0", "5"), svc
+
+
 def test_gpu_reservation_exactly_where_a_gpu_is_used(profile):
     name, config = profile
     for svc, d in in_profile(config, name).items():
@@ -358,7 +377,7 @@ def run_wrapper(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedPr
     fake = tmp_path / "tritonserver"
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    full = {**os.environ, "TRITONSERVER": str(fake),
+    full = {**os.environ, "TRITONSERVER": str(fake), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
             "TOKENROUTER_ADMIN_KEY_FILE": str(tmp_path / "admin.key"), **env}
     full = {k: v for k, v in full.items() if v is not None}
     return subprocess.run(["bash", str(ROOT / "docker/tritonserver.sh"), *args], capture_output=True,
@@ -393,3 +412,31 @@ def test_server_wrapper_refuses_open_explicit_mode_and_bad_keys(tmp_path):
     for bad in ("short", "has:colon-long-enough"):
         res = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": bad, "TOKENROUTER_RESTRICTED_APIS": None})
         assert res.returncode == 2, bad
+
+
+def test_server_wrapper_runs_tritonserver_under_the_stub_watchdog_by_default(tmp_path):
+    """The stand-in prints its parent's command line: the watchdog, or (0) the test itself."""
+    fake = tmp_path / "tritonserver"
+    fake.write_text('#!/usr/bin/env bash\ntr "\\0" " " < /proc/$PPID/cmdline; echo; exit 5\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    base = {**os.environ, "TRITONSERVER": str(fake), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
+            "TOKENROUTER_ADMIN_KEY": "a" * 20}
+    base.pop("TOKENROUTER_STUB_WATCH", None)
+
+    def wrapper(**env) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(ROOT / "docker/tritonserver.sh"), "--http-port=18999"],
+                              capture_output=True, text=True, env={**base, **env}, timeout=60)
+
+    watched = wrapper()
+    assert watched.returncode == 5, watched.stderr  # tritonserver's own exit code, passed on
+    assert "-m tokenrouter_backend.server.stub_watch --poll-s 2 -- " in watched.stdout
+    assert "stub_watch: tritonserver exited with code 5" in watched.stderr
+    polled = wrapper(TOKENROUTER_STUB_WATCH="1", TOKENROUTER_STUB_WATCH_POLL_S="0.5")
+    assert "stub_watch --poll-s 0.5 -- " in polled.stdout
+    plain = wrapper(TOKENROUTER_STUB_WATCH="0")
+    assert plain.returncode == 5 and "tokenrouter_backend.server.stub_watch" not in plain.stdout
+    assert "stub_watch:" not in plain.stderr
+    bad = wrapper(TOKENROUTER_STUB_WATCH="yes")
+    assert bad.returncode == 2 and "TOKENROUTER_STUB_WATCH must be 0 or 1, got 'yes'" in bad.stderr
+    bad_poll = wrapper(TOKENROUTER_STUB_WATCH_POLL_S="0")
+    assert bad_poll.returncode == 2 and "--poll-s must be in (0, 60]" in bad_poll.stderr

@@ -95,9 +95,35 @@ def test_values_switch_sources_front_and_autoscaling():
     assert container(docs, "heavy", "triton")["resources"]["limits"]["nvidia.com/gpu"] == 2
 
 
+def test_triton_runs_through_the_wrapper_under_the_stub_watchdog():
+    from tokenrouter_backend.server.stub_watch import STOP_EXTRA_GRACE_S
+
+    for values, pools in ((None, ("router", "heavy")),
+                          ({"heavy": {"pool": "statefulset", "autoscaling": {"enabled": False}}}, ("heavy",))):
+        docs = render(values)
+        for pool in pools:
+            kind = "StatefulSet" if values else "Deployment"
+            spec = docs[(kind, f"tr-tokenrouter-{pool}")]["spec"]["template"]["spec"]
+            triton = next(c for c in spec["containers"] if c["name"] == "triton")
+            # the wrapper adds the secure flags and execs the watchdog around tritonserver
+            assert triton["command"] == ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/tokenrouter/docker/tritonserver.sh"]
+            env = {e["name"]: e["value"] for e in triton["env"]}
+            assert env["TOKENROUTER_STUB_WATCH"] == "1" and env["TOKENROUTER_STUB_WATCH_POLL_S"] == "2"
+            # the watchdog's exit 3 restarts the container: pods restart always (the default)
+            assert spec.get("restartPolicy", "Always") == "Always"
+            # a graceful stop (Triton's exit timeout, then the watchdog's SIGKILL grace) fits the pod's
+            exit_timeout = int(next(a for a in triton["args"] if a.startswith("--exit-timeout-secs=")).split("=")[1])
+            assert spec["terminationGracePeriodSeconds"] >= exit_timeout + STOP_EXTRA_GRACE_S
+    off = render({"stubWatch": {"enabled": False, "pollSeconds": 0.5}})
+    env = {e["name"]: e["value"] for e in container(off, "heavy", "triton")["env"]}
+    assert env["TOKENROUTER_STUB_WATCH"] == "0" and env["TOKENROUTER_STUB_WATCH_POLL_S"] == "0.5"
+
+
 @pytest.mark.parametrize("values, named", [
     ({"modelRepository": {"source": "s3"}}, "modelRepository.source"),
     ({"modelRepository": {"source": "init"}}, "modelRepository.init.image"),
+    ({"stubWatch": {"pollSeconds": 0}}, "stubWatch.pollSeconds"),
+    ({"stubWatch": {"pollSeconds": 61}}, "stubWatch.pollSeconds"),
 ])
 def test_bad_values_fail_naming_the_value(values, named):
     with pytest.raises(helm.HelmError, match=named.replace(".", r"\.")):

@@ -9,7 +9,6 @@ manager it starts, waits and always stops. The backend directory and environment
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -26,6 +25,15 @@ from tokenrouter_backend.server import paths
 from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.install import TritonInstall, prepare_backend_dir, server_environment
 from tokenrouter_backend.server.logs import parse_model_errors, tail
+from tokenrouter_backend.server.pids import (  # noqa: F401 - process_group_pids: re-exported
+    kill_group,
+    lost_pids,
+    process_group_pids,
+    remove_shm_regions,
+    server_stubs,
+    terminate_with_parent,
+    wait_group_gone,
+)
 from tokenrouter_backend.server.ports import LOOPBACK, free_ports
 from tokenrouter_backend.server.probe import http_status
 from tokenrouter_backend.server.restrictions import RESTRICTED_APIS, Restriction
@@ -44,7 +52,6 @@ POLL_INTERVAL_S = 0.25
 HEALTH_REQUEST_TIMEOUT_S = 2.0
 PORT_RETRIES = 3                  # re-pick automatically chosen ports this often if one is taken
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
-PR_SET_PDEATHSIG = 1              # linux/prctl.h
 
 PORT_IN_USE_RE = re.compile(r"already in use", re.IGNORECASE)
 
@@ -163,6 +170,11 @@ class TritonServer:
         cmd += [f"--load-model={name}" for name in self.load_models]
         return cmd + self.extra_args
 
+    def launch_command(self) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment `start` runs tritonserver with (backend directory prepared)."""
+        install = TritonInstall.find()
+        return self.command(prepare_backend_dir(install), install), server_environment(install)
+
     def start(self) -> "TritonServer":
         """Spawn the server (returns at once; see `wait_ready`).
 
@@ -176,16 +188,15 @@ class TritonServer:
                 raise TritonServerError(f"tritonserver already running (pid {self._proc.pid})")
             if not self.repository.is_dir():
                 raise TritonServerError(f"model repository not found: {self.repository}")
-            install = TritonInstall.find()
-            backend_dir = prepare_backend_dir(install)
+            argv, env = self.launch_command()
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
                 self._log_offset = log.tell()
                 self._proc = subprocess.Popen(
-                    self.command(backend_dir, install), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, env=server_environment(install),
+                    argv, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # own process group: stop() kills stubs with it
-                    preexec_fn=_terminate_with_parent if self.terminate_with_parent else None)
+                    preexec_fn=terminate_with_parent if self.terminate_with_parent else None)
         return self
 
     def wait_ready(self, timeout_s: float | None = None) -> "TritonServer":
@@ -210,7 +221,7 @@ class TritonServer:
             if errors:
                 self._fail("tritonserver could not load every model", errors)
             if self._http_status("/v2/health/ready") == 200:
-                self._stubs = {pid: stub_model(pid) for pid in self.group_pids() if pid != self._proc.pid}
+                self._stubs = server_stubs(self._proc.pid)
                 # clients know these ports now: a later start() (a restart) comes back on them
                 self._requested_ports = (self.http_port, self.grpc_port, self.metrics_port)
                 return self
@@ -232,9 +243,9 @@ class TritonServer:
                     proc.wait(self.exit_timeout_s + STOP_EXTRA_GRACE_S)
                 except subprocess.TimeoutExpired:
                     pass
-            _kill_group(pgid)
+            kill_group(pgid)
             code = proc.wait()
-            _wait_group_gone(pgid, STOP_EXTRA_GRACE_S)
+            wait_group_gone(pgid, STOP_EXTRA_GRACE_S)
             remove_shm_regions(self.shm_prefix)
             return code
 
@@ -262,7 +273,7 @@ class TritonServer:
 
     def lost_stubs(self) -> list[int]:
         """Stub pids alive at readiness that are gone now (a branch crashed or was OOM-killed)."""
-        return sorted(pid for pid in self._stubs if not _pid_alive(pid))
+        return lost_pids(self._stubs)
 
     def stub_names(self) -> dict[int, str]:
         """The model each stub seen at readiness serves (pid -> model name)."""
@@ -321,81 +332,3 @@ class TritonServer:
         if not errors and last_lines:
             message = f"{message}; last log lines:\n{last_lines}"
         raise TritonServerError(message, errors, self.log_path, last_lines)
-
-
-def _terminate_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the launching thread dies (Linux prctl).
-
-    The server runs in its own session, so without this a launcher killed with SIGKILL
-    would leave tritonserver running.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: stop() remains the only way
-        pass
-
-
-def process_group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while process_group_pids(pgid) and time.monotonic() < deadline:
-        _kill_group(pgid)
-        time.sleep(POLL_INTERVAL_S)
-
-
-SHM_DIR = Path("/dev/shm")
-
-
-def remove_shm_regions(prefix: str | None) -> int:
-    """Unlink the shared-memory files of one stopped server (names start with its unique prefix)."""
-    if not prefix or not SHM_DIR.is_dir():
-        return 0
-    removed = 0
-    for path in SHM_DIR.glob(prefix + "*"):
-        try:
-            path.unlink()
-            removed += 1
-        except OSError:
-            pass
-    return removed
-
-
-def stub_model(pid: int) -> str:
-    """The model a Python-backend stub serves: its argv names ``<repository>/<model>/<version>/model.py``."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    scripts = [Path(arg.decode(errors="replace")) for arg in argv if arg.endswith(b".py")]
-    return scripts[0].parent.parent.name if scripts else "?"
-
-
-def _pid_alive(pid: int) -> bool:
-    """A live, non-zombie process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError, OSError):
-        return False

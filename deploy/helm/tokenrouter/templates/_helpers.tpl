@@ -71,7 +71,10 @@ initContainers:
 - name: triton
   image: "{{ .root.Values.image.repository }}:{{ .root.Values.image.tag }}"
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
-  command: ["/opt/nvidia/nvidia_entrypoint.sh", "tritonserver"]
+  # NGC's entrypoint (CUDA forward compatibility), then docker/tritonserver.sh: the admin-API
+  # restriction, --exit-on-error, --strict-readiness and the stub watchdog, which ends the
+  # container (exit 3) when a model's Python stub dies: the kubelet restarts it
+  command: ["/opt/nvidia/nvidia_entrypoint.sh", "/opt/tokenrouter/docker/tritonserver.sh"]
   args:
     - --model-repository={{ .root.Values.modelRepository.mountPath }}
     - --model-control-mode=explicit
@@ -86,10 +89,12 @@ initContainers:
     - {name: http, containerPort: {{ .root.Values.ports.http }}}
     - {name: grpc, containerPort: {{ .root.Values.ports.grpc }}}
     - {name: metrics, containerPort: {{ .root.Values.ports.metrics }}}
-  {{- with .env }}
   env:
+    - {name: TOKENROUTER_STUB_WATCH, value: {{ ternary "1" "0" .root.Values.stubWatch.enabled | quote }}}
+    - {name: TOKENROUTER_STUB_WATCH_POLL_S, value: {{ include "tokenrouter.stubWatchPoll" .root | quote }}}
+    {{- with .env }}
     {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- end }}
   startupProbe:
     httpGet: {path: /v2/health/ready, port: http}
     periodSeconds: {{ .root.Values.probes.startup.periodSeconds }}
@@ -172,4 +177,13 @@ spec:
 {{- else -}}
 {{- printf "%s:%v" $name .Values.ports.grpc -}}
 {{- end -}}
+{{- end -}}
+
+{{/* stubWatch.pollSeconds, checked: (0, 60] */}}
+{{- define "tokenrouter.stubWatchPoll" -}}
+{{- $poll := .Values.stubWatch.pollSeconds -}}
+{{- if not (and (gt (float64 $poll) 0.0) (le (float64 $poll) 60.0)) -}}
+{{- fail (printf "stubWatch.pollSeconds must be in (0, 60] seconds; got %v" $poll) -}}
+{{- end -}}
+{{- $poll -}}
 {{- end -}}
