@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "load.json").write_text(json.dumps(points, indent=1))
     (a.out / "load.md").write_text(markdown_table(points))
+    from .report import LOAD_PNG, plot_load
+
+    plot_load({"load": points}, a.out / LOAD_PNG)  # throughput and p99 latency against concurrency
     print(markdown_table(points))
     return 0 if all("error" not in pt for pt in points) else 1
 
