@@ -184,3 +184,13 @@ def test_route_heavy_only_steps_run_a_block_per_heavy_call():
     out, stats, light, _ = _run_planned(prompt, "route", free=0)
     assert out == ref and light.calls == 0
     assert stats.heavy_calls <= -(-30 // RouterDefaults().block_size) + 2  # a block per call, not 30 calls
+
+
+def test_heavy_only_steps_send_a_streamed_first_token_alone_before_copies():
+    """Copies in heavy-only steps start after the prompt's first token: a streamed answer's
+    first token goes out alone (found by test_serving: a decision-cache answer came in one
+    chunk when the cost model planned heavy-only steps from the first block)."""
+    prompt = copy_prompt()
+    _, _, _, hooks = _run_planned(prompt, "verify", free=8, stream=True)
+    assert hooks.records[0].action != "ngram" and hooks.records[0].committed == 1
+    assert any(r.action == "ngram" for r in hooks.records[1:])

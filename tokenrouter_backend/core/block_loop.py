@@ -380,8 +380,9 @@ class BlockLoop:
     async def _run_block(self, mode: Mode) -> None:
         if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:
             await self.heavy_first_token()
-        elif mode == Mode.HEAVY and self.free_drafts and (drafts := self._free_drafts()):
-            await self.ngram_block(self.params.mode, drafts)  # the light model is left out, copies are not
+        elif mode == Mode.HEAVY and self.free_drafts and self.heavy.opened and (drafts := self._free_drafts()):
+            # the light model is left out, copies are not (after the prompt's first token went out alone)
+            await self.ngram_block(self.params.mode, drafts)
         elif mode == Mode.HEAVY and self.params.mode == Mode.ROUTE:
             self.stats.heavy_only_blocks += 1
             await self.route_heavy_block()
