@@ -13,7 +13,6 @@ import concurrent.futures as cf
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,12 +27,10 @@ PROMPT = "def f(x):\n    "
 
 def stub_pid(server, model: str) -> int:
     """The Python-backend stub process serving ``model`` (its argv names the model's path)."""
+    from tokenrouter_backend.server.pids import stub_model
+
     for pid in server.group_pids():
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if any(arg.endswith(f"/{model}/1/model.py".encode()) for arg in argv):
+        if stub_model(pid) == model:
             return pid
     raise AssertionError(f"no stub process for {model} among {server.group_pids()}")
 

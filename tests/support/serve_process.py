@@ -58,12 +58,10 @@ def children(pid: int) -> list[int]:
 
 def stub_pid(server_pid: int, model: str) -> int:
     """The Python-backend stub serving ``model`` among tritonserver's children."""
+    from tokenrouter_backend.server.pids import stub_model
+
     for pid in children(server_pid):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.endswith(f"/{model}/1/model.py".encode()) for arg in argv):
+        if stub_model(pid) == model:
             return pid
     raise AssertionError(f"no stub process for {model} among the children of {server_pid}")
 
