@@ -4,9 +4,9 @@ It answers ``/v2/health/ready`` 200 and ``/v2/models/<name>/ready`` 200 for a lo
 400 otherwise (as Triton does), on ``--http-port=N``. Each model of ``$FAKE_TRITON_MODELS``
 (comma list) gets a "stub": a sleeping child whose argv names ``/repo/<model>/1/model.py``,
 like a Python-backend stub. Lines appended to the file ``$FAKE_TRITON_CONTROL`` act on them:
-``load M`` (a new stub), ``unload M`` (its stubs end, M unknown), ``reload M`` (a new stub,
-then the old ones end), ``kill M`` (SIGKILL of M's first stub; M stays loaded).
-SIGTERM ends the stubs and exits 0.
+``load M`` (a new stub, with the short-lived processes a real load forks), ``unload M`` (its
+stubs end, M unknown), ``reload M`` (a new stub, then the old ones end), ``kill M`` (SIGKILL
+of M's first stub; M stays loaded). SIGTERM ends the stubs and exits 0.
 """
 from __future__ import annotations
 
@@ -24,9 +24,24 @@ CONTROL = Path(os.environ["FAKE_TRITON_CONTROL"])
 models: dict[str, list[subprocess.Popen]] = {}
 
 
+def stub_argv(model: str, stub_name: str, seconds: float) -> list[str]:
+    """A Python-backend stub's argv: script, shm region, sizes, parent pid, backend dir, IPC
+    handle, then the stub's name."""
+    return [sys.executable, "-c", f"import time; time.sleep({seconds})", f"/repo/{model}/1/model.py",
+            "/tokenrouter_fake", "1048576", "1048576", str(os.getpid()), "/backends/python", "0", stub_name]
+
+
 def spawn(name: str) -> None:
-    stub = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", f"/repo/{name}/1/model.py"])
+    stub = subprocess.Popen(stub_argv(name, f"{name}_0_{len(models.get(name, []))}", 3600))
     models.setdefault(name, []).append(stub)
+
+
+def spawn_transient(name: str) -> None:
+    """What a model load starts besides its instance stubs, each ending within a second: a
+    forked child that has not exec'd a stub (no model.py in its argv) and the
+    ``auto_complete_config`` stub (named after the model itself)."""
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)", "--fork-of-tritonserver"])
+    subprocess.Popen(stub_argv(name, name, 0.8))
 
 
 def end(stubs: list[subprocess.Popen]) -> None:
@@ -68,6 +83,7 @@ while True:
     for line in lines[done:]:
         action, name = line.split()
         if action == "load":
+            spawn_transient(name)
             spawn(name)
         elif action == "unload":
             end(models.pop(name))

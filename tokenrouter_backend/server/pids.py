@@ -63,14 +63,16 @@ def server_stubs(server_pid: int) -> dict[int, str]:
     """The model-instance stubs of a server that leads its own process group: pid -> model.
 
     Left out: the stub a model load runs for ``auto_complete_config`` (named after the model
-    itself, not an instance), which ends by design once the config is complete.
+    itself, not an instance), which ends by design once the config is complete, and any
+    process whose argv is not a stub's: a child Triton forked and has not yet exec'd (it
+    still carries tritonserver's argv) or one whose argv cannot be read any more.
     """
     stubs = {}
     for pid in process_group_pids(server_pid):
         if pid == server_pid:
             continue
         model, name = _stub_argv(pid)
-        if name != model:
+        if name is not None and name != model:
             stubs[pid] = model
     return stubs
 
