@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -94,3 +95,18 @@ def test_point_from_csv_row():
            "Client Send": "10", "Network+Server Send/Recv": "2500000", "Client Recv": "5"}
     p = load.point_from_row("heavy", 2, 32, row)
     assert p.throughput_rps == 0.5 and p.tokens_per_s == 16 and p.p99_latency_ms == 4000.0
+
+
+def test_a_measurement_window_holds_at_least_one_request_per_request_in_flight(monkeypatch, tmp_path):
+    assert [load.point_window(4, c) for c in (1, 2, 4, 8, 16)] == [4, 4, 4, 8, 16]
+    seen = {}
+
+    def fake_run(cmd, **_):  # perf_analyzer itself is driven in test_bench.py
+        seen["count"] = int(cmd[cmd.index("--measurement-request-count") + 1])
+        raise subprocess.TimeoutExpired(cmd, 0)
+
+    monkeypatch.setattr(load.subprocess, "run", fake_run)
+    prompts = load_workloads(["code"], quick=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        load.run_point("127.0.0.1:1", prompts, "heavy", 16, 4, tmp_path, window_requests=4)
+    assert seen["count"] == 16

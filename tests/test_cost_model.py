@@ -1,5 +1,6 @@
 """Cost-model speculation: fitted curves and the draft length they choose."""
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -224,3 +225,35 @@ def hooks_params():
     from tokenrouter_backend.core.params import RouterDefaults
 
     return RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 48})
+
+
+def test_the_light_decision_is_planned_once_and_reported_in_routing_stats():
+    """The estimate behind ``light_skipped``: the saving and the prefill it was weighed
+    against reach the plan, and through the block loop the request's routing_stats."""
+    from support.fakes import make_pair
+    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.names import Mode
+
+    p = Planner(heavy=Curve(300.0, 8.0), light=Curve(60.0, 4.0))
+    est = p.light_estimate(prompt_tokens=2800, new_tokens=32, acceptance=0.8, max_block=16, chunk=256)
+    assert not est.pays and est.prefill_ms == pytest.approx(11 * 60.0 + 4.0 * 2800)
+    assert 0 < est.saving_ms < est.prefill_ms and est.block == p.best_block(0.8, 16) and est.acceptance == 0.8
+
+    ops = _ops()
+    _teach(ops.costs, MEASURED_CPU, Curve(261.0, 31.0), batch=1)
+    long_plan = _plan(ops, prompt_len=3000, max_tokens=48)
+    assert long_plan.mode == Mode.HEAVY and not long_plan.light_estimate.pays
+    assert long_plan.light_estimate.prefill_ms > long_plan.light_estimate.saving_ms
+
+    info, params = _admission(prompt_len=40)
+    params = dataclasses.replace(params, max_tokens=12)
+    hooks = ops.admit(info, params).hooks
+    light, heavy = make_pair()
+    stats = asyncio.run(generate(GenerationRequest([i % 30 + 1 for i in range(40)], params), light, heavy,
+                                 lambda *_: None, session_id=5, hooks=hooks))
+    first = hooks.light
+    assert stats.light_plan_prefill_ms == pytest.approx(first.prefill_ms)
+    assert stats.light_plan_saving_ms == pytest.approx(first.saving_ms)
+    assert stats.light_plan_acceptance == pytest.approx(first.acceptance)
+    assert stats.light_skipped == (not first.pays)
+    assert "light_plan_prefill_ms" in stats.to_dict()

@@ -181,6 +181,14 @@ def point_from_row(mode: str, concurrency: int, max_tokens: int, row: dict) -> L
                      _us_to_ms(row, "p99 latency"), avg if avg else _us_to_ms(row, "Avg latency"), row)
 
 
+def point_window(window_requests: int, concurrency: int) -> int:
+    """Requests per measurement window at one concurrency: at least one per request in flight.
+    A window smaller than the concurrency closes before the requests it counts have all
+    started inside it; perf_analyzer then reports "Failed to obtain stable measurement"
+    (seen at concurrency 16 with 4-request windows)."""
+    return max(window_requests, concurrency)
+
+
 def run_point(grpc_url: str, prompts: list[Prompt], mode: str, concurrency: int, max_tokens: int,
               work_dir: Path, extra: dict | None = None, window_requests: int = WINDOW_REQUESTS,
               timeout_s: float = POINT_TIMEOUT_S, admin_key: str | None = None) -> LoadPoint:
@@ -191,7 +199,8 @@ def run_point(grpc_url: str, prompts: list[Prompt], mode: str, concurrency: int,
     csv_path = work_dir / f"perf_{mode}_c{concurrency}.csv"
     profile = work_dir / f"profile_{mode}_c{concurrency}.json"
     profile.unlink(missing_ok=True)  # perf_analyzer refuses an existing export file
-    cmd = perf_command(grpc_url, data, csv_path, concurrency, window_requests, profile, admin_key)
+    cmd = perf_command(grpc_url, data, csv_path, concurrency, point_window(window_requests, concurrency),
+                       profile, admin_key)
     proc = subprocess.run(cmd, env=perf_env(), capture_output=True, text=True, timeout=timeout_s)
     (work_dir / f"perf_{mode}_c{concurrency}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not csv_path.exists():
@@ -259,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
     p.add_argument("--per-workload", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--window", type=int, default=WINDOW_REQUESTS)
+    p.add_argument("--window", type=int, default=WINDOW_REQUESTS,
+                   help="requests per measurement window (at least the concurrency of the point)")
     p.add_argument("--route-threshold", type=float, default=0.8)
     p.add_argument("--long-share", type=float, default=0.0,
                    help="share of long RAG-like prompts mixed in (e.g. 0.25 = 6 short + 2 long of 8)")

@@ -366,6 +366,10 @@ class BlockLoop:
             return await self._run_block(self.params.mode)
         plan = self.hooks.plan(self.base_params, self.block)
         self.params, self.block, self.free_drafts = plan.params, plan.block, plan.free_drafts
+        if plan.light_estimate is not None and not self.stats.light_plan_prefill_ms:
+            e = plan.light_estimate
+            self.stats.light_plan_saving_ms, self.stats.light_plan_prefill_ms = e.saving_ms, e.prefill_ms
+            self.stats.light_plan_acceptance = e.acceptance
         if plan.degraded:
             s = self.stats
             s.degraded_blocks += 1

@@ -198,16 +198,35 @@ class Planner:
         rates = [expected_tokens(k, acceptance) / self.heavy_check_ms(k) for k in range(max_block + 1)]
         return int(np.argmax(rates))
 
+    def light_estimate(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
+                       chunk: int) -> "LightEstimate":
+        """What drafting saves over ``new_tokens`` against what the light prefill costs."""
+        calls = -(-prompt_tokens // max(1, chunk))
+        prefill = calls * self.light.fixed + self.light.per_token * prompt_tokens
+        k = self.best_block(acceptance, max_block)
+        saved_per_token = 0.0 if k == 0 else \
+            1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.tokens_per_ms(k, acceptance)
+        return LightEstimate(new_tokens * saved_per_token, prefill, acceptance, k)
+
     def light_pays(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
                    chunk: int) -> bool:
         """Whether drafting saves more over ``new_tokens`` than the light prefill costs."""
-        k = self.best_block(acceptance, max_block)
-        if k == 0:
-            return False
-        saved_per_token = 1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.tokens_per_ms(k, acceptance)
-        calls = -(-prompt_tokens // max(1, chunk))
-        prefill = calls * self.light.fixed + self.light.per_token * prompt_tokens
-        return new_tokens * saved_per_token > prefill
+        return self.light_estimate(prompt_tokens, new_tokens, acceptance, max_block, chunk).pays
+
+
+@dataclass(frozen=True)
+class LightEstimate:
+    """The once-per-request decision whether to involve the light model (routing_stats
+    ``light_plan_*``): expected saving against the light prefill, in ms."""
+
+    saving_ms: float  # heavy time drafting saves over the request's max_tokens
+    prefill_ms: float  # the light prefill it would pay first
+    acceptance: float  # the per-token acceptance assumed
+    block: int  # the draft length the saving was computed at (0: drafting never pays)
+
+    @property
+    def pays(self) -> bool:
+        return self.block > 0 and self.saving_ms > self.prefill_ms
 
 
 class MeteredBranch(Branch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from tokenrouter_backend.core.cost_model import LightEstimate
 from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import RouterParams
 
@@ -81,6 +82,7 @@ class BlockPlan:
     mode: Mode  # usually params.mode; Mode.HEAVY when drafting is suspended (verify)
     degraded: bool = False  # route: the threshold was lowered for overload (allow_degradation)
     free_drafts: int | None = None  # most n-gram drafts worth a heavy check (cost model); None: no cap
+    light_estimate: LightEstimate | None = None  # the cost model's light decision, once made
 
 
 class BlockHooks(Protocol):

@@ -36,6 +36,9 @@ class RequestStats:
     reprefill_tokens: int = 0  # cached tokens those rebuilds had to send again
     heavy_only_blocks: int = 0  # verify/route blocks the cost model ran on the heavy model alone
     light_skipped: bool = False  # the cost model kept the light model out of this request
+    light_plan_saving_ms: float = 0.0  # cost model, once per request: what drafting would save
+    light_plan_prefill_ms: float = 0.0  # against what the light prefill would cost (0 = not planned)
+    light_plan_acceptance: float = 0.0  # the per-token acceptance it assumed
     degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)
     degraded_threshold: float = 0.0  # the lowest such threshold (0 = never degraded)
     heavy_reused_tokens: int = 0  # input tokens whose KV the heavy branch's prefix cache supplied

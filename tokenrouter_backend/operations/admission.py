@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig
+from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate
 from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
@@ -222,7 +222,7 @@ class RequestHooks:
     rejected: int = 0
     ngram_accepted: int = 0  # this request's n-gram draft verdicts
     ngram_rejected: int = 0
-    light_pays: bool | None = None  # decided once, at the first planned block with known curves
+    light: LightEstimate | None = None  # decided once, at the first planned block with known curves
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
@@ -263,16 +263,17 @@ class RequestHooks:
         if planner is None:
             return plan  # curves not known yet: the block schedule decides
         p, a = plan.params, self.acceptance()
-        if self.light_pays is None:
+        if self.light is None:
             light_prompt = min(self.prompt_tokens, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
                 else self.prompt_tokens  # a windowed light model prefills sink + window at most
-            self.light_pays = planner.light_pays(light_prompt, p.max_tokens, a, p.max_block_size,
-                                                 p.prefill_chunk_tokens)
-        k = planner.best_block(a, p.max_block_size) if self.light_pays else 0
+            self.light = planner.light_estimate(light_prompt, p.max_tokens, a, p.max_block_size,
+                                                p.prefill_chunk_tokens)
+        k = planner.best_block(a, p.max_block_size) if self.light.pays else 0
         free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if p.ngram.enabled else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
-            return BlockPlan(p, p.block_size, Mode.HEAVY, free_drafts=free)
-        return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode, free_drafts=free)
+            return BlockPlan(p, p.block_size, Mode.HEAVY, free_drafts=free, light_estimate=self.light)
+        return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode, free_drafts=free,
+                         light_estimate=self.light)
 
     def after_block(self, record: BlockRecord) -> None:
         accepted, rejected = verdict_counts(record)
