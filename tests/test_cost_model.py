@@ -257,3 +257,24 @@ def test_the_light_decision_is_planned_once_and_reported_in_routing_stats():
     assert stats.light_plan_acceptance == pytest.approx(first.acceptance)
     assert stats.light_skipped == (not first.pays)
     assert "light_plan_prefill_ms" in stats.to_dict()
+
+
+def test_until_the_light_curve_is_fitted_it_is_the_heavy_one_scaled():
+    """A fresh server whose first requests are long: the light model never ran, yet its
+    prefill is weighed (cost_light_ratio) instead of the block schedule paying for it."""
+    from tokenrouter_backend.core.names import Mode
+
+    costs = BranchCosts(CostConfig(light_ratio=0.5))
+    assert costs.planner() is None  # nothing known: the block schedule decides
+    for tokens in (1, 2, 4, 8, 16, 256) * 5:
+        costs.heavy.observe(1, tokens, MEASURED_CPU.ms(tokens), 1)
+    planner = costs.planner()
+    assert costs.light.curve is None and planner.light == Curve(pytest.approx(628.5), pytest.approx(30.5))
+    ops = _ops(cost_light_ratio=0.5)
+    for tokens in (1, 2, 4, 8, 16, 256) * 5:
+        ops.costs.heavy.observe(1, tokens, MEASURED_CPU.ms(tokens), 1)
+    plan = _plan(ops, prompt_len=1000, max_tokens=48, router_mode="route")
+    assert plan.mode == Mode.HEAVY and not plan.light_estimate.pays  # the light prefill does not pay
+    assert _plan(ops, prompt_len=20, max_tokens=256).light_estimate.pays  # a short prompt, a long answer
+    with pytest.raises(ValueError):
+        CostConfig(light_ratio=0.0)

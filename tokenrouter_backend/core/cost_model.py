@@ -3,7 +3,8 @@
 Each branch's cost curve — milliseconds of one forward as a function of the tokens it
 carries, ``ms = fixed + per_token * tokens`` — is fitted online by least squares over
 the branch's recent steps (``CostCurve``; every ``BranchResult`` reports its forwards,
-their padded tokens and their time). A GPU is memory-bound: ``fixed`` dominates and a
+their padded tokens and their time); until the light model has run enough steps its curve
+is the heavy one scaled by ``light_ratio``. A GPU is memory-bound: ``fixed`` dominates and a
 forward of 16 x 6 tokens costs about what one of 16 costs. This CPU is compute-bound:
 ``per_token`` dominates and every drafted token the heavy model scores costs as much
 as one it generates.
@@ -53,11 +54,12 @@ class CostConfig:
     ngram_prior_acceptance: float = 0.5  # per-token acceptance of n-gram drafts before any verdict
     prior_weight: float = 8.0  # how many verdicts the prior is worth in a request's estimate
     decay: float = 0.98  # per block: weight kept by the server-wide acceptance counts
+    light_ratio: float = 0.5  # until the light curve is fitted: light forward = this x heavy's
 
     def __post_init__(self):
         if self.window < 4 or self.min_samples < 2 or not 0.0 < self.prior_acceptance < 1.0 \
                 or not 0.0 < self.ngram_prior_acceptance < 1.0 \
-                or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0:
+                or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0 or not 0.0 < self.light_ratio <= 4.0:
             raise ValueError(f"invalid CostConfig {self}")
 
 
@@ -150,10 +152,15 @@ class BranchCosts:
         self.ngram_rejected = self.ngram_rejected * d + rejected
 
     def planner(self) -> "Planner | None":
-        """A planner over the current curves, or None while either curve is unknown."""
+        """A planner over the current curves, or None while the heavy curve is unknown. Until
+        the light curve is fitted it is the heavy one scaled by ``light_ratio``: a light model
+        that never ran (a fresh server whose first requests are long) is not assumed free."""
         h, light = self.heavy.curve, self.light.curve
-        if h is None or light is None:
+        if h is None:
             return None
+        if light is None:
+            r = self.config.light_ratio
+            light = Curve(h.fixed * r, h.per_token * r)
         return Planner(h, light, self.heavy.batch, self.light.batch)
 
 
