@@ -278,3 +278,46 @@ def test_until_the_light_curve_is_fitted_it_is_the_heavy_one_scaled():
     assert _plan(ops, prompt_len=20, max_tokens=256).light_estimate.pays  # a short prompt, a long answer
     with pytest.raises(ValueError):
         CostConfig(light_ratio=0.0)
+
+
+MIX_CPU_HEAVY, MIX_CPU_LIGHT = Curve(448.0, 15.2), Curve(155.0, 5.5)  # fitted by the router in the mix
+
+
+def test_route_blocks_are_planned_on_their_own_terms():
+    """Route's confident drafts skip the heavy forward's fixed part: where verify falls back
+    to heavy-only steps (8 requests on this CPU) route still drafts when its drafts stand,
+    and does not when they never do."""
+    p = Planner(MIX_CPU_HEAVY, MIX_CPU_LIGHT, heavy_batch=8, light_batch=8)
+    assert p.best_block(0.5, 16) == 0  # verify: heavy-only steps
+    assert p.best_route_block(0.5, 0.8, 16) >= 2
+    assert p.route_rate(4, 0.5, 0.8) > p.route_rate(0, 0.5, 0.8)
+    assert p.best_route_block(0.5, 0.05, 16) == 0  # nothing stands: heavy-only steps again
+    assert p.route_rate(0, 0.6, 0.8) == pytest.approx(p.tokens_per_ms(0, 0.6))
+    # s = 1: every draft stands, k tokens for k light forwards, the heavy per-token cost, no fixed part
+    one = p.route_rate(3, 0.6, 0.999)
+    assert one == pytest.approx(3 / (3 * (155 / 8 + 5.5) + 15.2 * 4), rel=0.01)
+    est = p.light_estimate(40, 48, 0.5, 16, 256, route_stand=0.8)
+    assert est.pays and est.block == p.best_route_block(0.5, 0.8, 16)
+    assert not p.light_estimate(40, 48, 0.5, 16, 256).pays  # verify's own estimate: drafting never pays
+
+
+def test_hooks_learn_the_route_stand_rate_from_route_blocks():
+    from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, BlockRecord
+    from tokenrouter_backend.core.names import Mode
+
+    ops = _ops(cost_route_prior_stand=0.5)
+    _teach(ops.costs, MIX_CPU_HEAVY, MIX_CPU_LIGHT, batch=8)
+    info, params = _admission(prompt_len=40)
+    params = dataclasses.replace(params, mode=Mode.ROUTE)
+    hooks = ops.admit(info, params).hooks
+    for action, stood in ((ACTION_ACCEPT, 4), (ACTION_FALLBACK, 3)) * 10:  # 4 of 4 stand, then 3 of 4
+        hooks.after_block(BlockRecord("r", 0, "route", action, 4, (1, 2, 3, 4), (0.9,) * 4, (0.1,) * 4, stood,
+                                      (), (), 0, int(action == ACTION_FALLBACK), 0.0, 0.0, 0.0, 0.0, stood))
+    assert ops.costs.route_stand > 0.8 and hooks.route_stand() > 0.8  # 70 stood, 10 unsure, prior 0.5 x 8
+    plan = hooks.plan(params, 4)
+    assert plan.mode == Mode.ROUTE and plan.block >= 2
+    for _ in range(400):  # then nothing stands any more, and the heavy model rejects the unsure drafts
+        hooks.after_block(BlockRecord("r", 0, "route", ACTION_FALLBACK, 4, (1, 2, 3, 4), (0.3,) * 4,
+                                      (2.0,) * 4, 0, (False,), (0.1,), 0, 1, 0.0, 0.0, 0.0, 0.0, 1))
+    assert hooks.route_stand() < 0.2 and hooks.acceptance() < 0.2
+    assert hooks.plan(params, 4).mode == Mode.HEAVY

@@ -81,7 +81,7 @@ class Sample:
     ttft_s: float
     max_gap_s: float
     light_skipped: bool = False
-    light_plan: dict = field(default_factory=dict)  # the cost model's light decision (routing_stats light_plan_*)
+    stats: dict = field(default_factory=dict)  # the request's routing_stats
 
 
 @dataclass
@@ -144,8 +144,7 @@ def one(url: str, prompt: str, kind: str, mode: str, max_tokens: int) -> Sample:
                                     timeout_s=1800, **NO_REUSE_KNOBS)
     gaps = r.inter_token_gaps
     return Sample(kind, r.tokens, int(r.stats.get("prompt_tokens", 0)), r.latency_s, r.ttft_s,
-                  max(gaps) if gaps else 0.0, bool(r.stats.get("light_skipped", False)),
-                  {k: v for k, v in r.stats.items() if k.startswith("light_plan_")})
+                  max(gaps) if gaps else 0.0, bool(r.stats.get("light_skipped", False)), dict(r.stats))
 
 
 def run_case(url: str, case: str, requests: list[tuple[str, str]], mode: str, max_tokens: int,

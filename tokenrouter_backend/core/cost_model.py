@@ -30,6 +30,18 @@ H.fixed / B_heavy + H.per_token * (d + 1) and commit E(d) at their own acceptanc
 left out (k = 0), such drafts still go to the heavy model whenever this says they pay,
 so a long retrieved prompt whose answer quotes it gets copied tokens at heavy-only cost.
 
+Route commits the light model's confident drafts unchecked, so its blocks are planned on
+their own terms. With s the chance that a draft stands unchecked given the ones before it
+did (server-wide route verdicts, prior ``route_prior_stand``), a block of k drafts keeps a
+confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J unsure
+drafts at acceptance a. Every token still passes through the heavy model once (a check
+ingests the unchecked tokens before it), so the heavy per-token cost is paid on all of
+them and the fixed cost only when a check runs:
+
+    cost(k) = k * (L.fixed / B_light + L.per_token) + H.per_token * (k + 1)
+              + (1 - s^k) * H.fixed / B_heavy
+    E(k)    = s^k * k + sum_{j<k} s^j (1 - s) * (j + (1 - a^(k-j+1)) / (1 - a))
+
 Framework-free; the router owns one ``BranchCosts`` and feeds it every branch result.
 """
 from __future__ import annotations
@@ -55,11 +67,13 @@ class CostConfig:
     prior_weight: float = 8.0  # how many verdicts the prior is worth in a request's estimate
     decay: float = 0.98  # per block: weight kept by the server-wide acceptance counts
     light_ratio: float = 0.5  # until the light curve is fitted: light forward = this x heavy's
+    route_prior_stand: float = 0.5  # route: chance a draft stands unchecked, before any route block
 
     def __post_init__(self):
         if self.window < 4 or self.min_samples < 2 or not 0.0 < self.prior_acceptance < 1.0 \
                 or not 0.0 < self.ngram_prior_acceptance < 1.0 \
-                or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0 or not 0.0 < self.light_ratio <= 4.0:
+                or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0 or not 0.0 < self.light_ratio <= 4.0 \
+                or not 0.0 < self.route_prior_stand < 1.0:
             raise ValueError(f"invalid CostConfig {self}")
 
 
@@ -127,6 +141,8 @@ class BranchCosts:
         self.rejected = 0.0
         self.ngram_accepted = 0.0  # decayed counts of n-gram draft verdicts
         self.ngram_rejected = 0.0
+        self.route_stood = 0.0  # decayed counts of route drafts that stood unchecked
+        self.route_unsure = 0.0  # and of route blocks that ended on an unsure draft
 
     @property
     def acceptance(self) -> float:
@@ -140,6 +156,18 @@ class BranchCosts:
         c = self.config
         return (self.ngram_accepted + c.ngram_prior_acceptance * c.prior_weight) \
             / (self.ngram_accepted + self.ngram_rejected + c.prior_weight)
+
+    @property
+    def route_stand(self) -> float:
+        """Server-wide chance a route draft stands unchecked (the prior until route blocks ran)."""
+        c = self.config
+        return (self.route_stood + c.route_prior_stand * c.prior_weight) \
+            / (self.route_stood + self.route_unsure + c.prior_weight)
+
+    def observe_route_stand(self, stood: int, unsure: int) -> None:
+        d = self.config.decay
+        self.route_stood = self.route_stood * d + stood
+        self.route_unsure = self.route_unsure * d + unsure
 
     def observe_verdicts(self, accepted: int, rejected: int) -> None:
         d = self.config.decay
@@ -193,6 +221,21 @@ class Planner:
         rates = [self.tokens_per_ms(k, acceptance) for k in range(max_block + 1)]
         return int(np.argmax(rates))  # first maximum: ties go to the shorter block
 
+    def route_rate(self, k: int, acceptance: float, stand: float) -> float:
+        """Expected tokens per ms of a route block of k drafts (k = 0: one heavy-only step)."""
+        if k == 0:
+            return self.tokens_per_ms(0, acceptance)
+        s = min(max(stand, 0.0), 0.999)
+        ms = k * (self.light.fixed / self.light_batch + self.light.per_token) \
+            + self.heavy.per_token * (k + 1) + (1.0 - s ** k) * self.heavy.fixed / self.heavy_batch
+        tokens = s ** k * k + sum(s ** j * (1.0 - s) * (j + expected_tokens(k - j, acceptance)) for j in range(k))
+        return tokens / ms
+
+    def best_route_block(self, acceptance: float, stand: float, max_block: int) -> int:
+        """The route draft length in 0..max_block with the most expected tokens per ms."""
+        rates = [self.route_rate(k, acceptance, stand) for k in range(max_block + 1)]
+        return int(np.argmax(rates))
+
     def heavy_check_ms(self, k: int) -> float:
         """One request's share of a heavy forward checking k drafts that cost nothing to make
         (n-gram / decision-cache drafts: no light forward)."""
@@ -206,13 +249,18 @@ class Planner:
         return int(np.argmax(rates))
 
     def light_estimate(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
-                       chunk: int) -> "LightEstimate":
-        """What drafting saves over ``new_tokens`` against what the light prefill costs."""
+                       chunk: int, route_stand: float | None = None) -> "LightEstimate":
+        """What drafting saves over ``new_tokens`` against what the light prefill costs
+        (``route_stand`` given: route blocks, else verify blocks)."""
         calls = -(-prompt_tokens // max(1, chunk))
         prefill = calls * self.light.fixed + self.light.per_token * prompt_tokens
-        k = self.best_block(acceptance, max_block)
-        saved_per_token = 0.0 if k == 0 else \
-            1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.tokens_per_ms(k, acceptance)
+        if route_stand is None:
+            k = self.best_block(acceptance, max_block)
+            rate = self.tokens_per_ms(k, acceptance)
+        else:
+            k = self.best_route_block(acceptance, route_stand, max_block)
+            rate = self.route_rate(k, acceptance, route_stand)
+        saved_per_token = 0.0 if k == 0 else 1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / rate
         return LightEstimate(new_tokens * saved_per_token, prefill, acceptance, k)
 
     def light_pays(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate
-from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
+from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, BlockPlan, BlockRecord
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
 from tokenrouter_backend.core.stats import RequestStats
@@ -223,6 +223,8 @@ class RequestHooks:
     ngram_accepted: int = 0  # this request's n-gram draft verdicts
     ngram_rejected: int = 0
     light: LightEstimate | None = None  # decided once, at the first planned block with known curves
+    route_stood: int = 0  # route: this request's drafts that stood unchecked
+    route_unsure: int = 0  # and its route blocks that ended on an unsure draft
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
@@ -247,6 +249,12 @@ class RequestHooks:
         weight = self.ops.cost_config.prior_weight
         return (self.accepted + self.ops.costs.acceptance * weight) / (self.accepted + self.rejected + weight)
 
+    def route_stand(self) -> float:
+        """This request's chance a route draft stands unchecked, the server-wide one as its prior."""
+        weight = self.ops.cost_config.prior_weight
+        return (self.route_stood + self.ops.costs.route_stand * weight) \
+            / (self.route_stood + self.route_unsure + weight)
+
     def ngram_acceptance(self) -> float:
         """This request's per-token n-gram acceptance, the server-wide estimate as its prior."""
         weight = self.ops.cost_config.prior_weight
@@ -263,12 +271,18 @@ class RequestHooks:
         if planner is None:
             return plan  # curves not known yet: the block schedule decides
         p, a = plan.params, self.acceptance()
+        stand = self.route_stand() if plan.mode == Mode.ROUTE else None
         if self.light is None:
             light_prompt = min(self.prompt_tokens, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
                 else self.prompt_tokens  # a windowed light model prefills sink + window at most
             self.light = planner.light_estimate(light_prompt, p.max_tokens, a, p.max_block_size,
-                                                p.prefill_chunk_tokens)
-        k = planner.best_block(a, p.max_block_size) if self.light.pays else 0
+                                                p.prefill_chunk_tokens, stand)
+        if not self.light.pays:
+            k = 0
+        elif stand is None:
+            k = planner.best_block(a, p.max_block_size)
+        else:
+            k = planner.best_route_block(a, stand, p.max_block_size)
         free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if p.ngram.enabled else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
             return BlockPlan(p, p.block_size, Mode.HEAVY, free_drafts=free, light_estimate=self.light)
@@ -279,6 +293,11 @@ class RequestHooks:
         accepted, rejected = verdict_counts(record)
         self.accepted += accepted
         self.rejected += rejected
+        if record.action in (ACTION_ACCEPT, ACTION_FALLBACK) and record.drafted:
+            stood, unsure = record.committed_light, int(record.committed_light < len(record.drafted))
+            self.route_stood += stood
+            self.route_unsure += unsure
+            self.ops.costs.observe_route_stand(stood, unsure)
         if record.ngram_drafted:
             ngram_rejected = int(record.ngram_accepted < record.ngram_drafted)
             self.ngram_accepted += record.ngram_accepted
