@@ -321,3 +321,15 @@ def test_hooks_learn_the_route_stand_rate_from_route_blocks():
                                       (2.0,) * 4, 0, (False,), (0.1,), 0, 1, 0.0, 0.0, 0.0, 0.0, 1))
     assert hooks.route_stand() < 0.2 and hooks.acceptance() < 0.2
     assert hooks.plan(params, 4).mode == Mode.HEAVY
+
+
+def test_the_light_batch_is_never_planned_below_the_heavy_one():
+    """Under load the plan keeps the light model idle, so its own mean batch stays what it was
+    at the last quiet moment; drafting requests would reach it as a batch as large as heavy's."""
+    costs = BranchCosts()
+    for tokens in (1, 2, 4, 8, 16, 32) * 5:
+        costs.heavy.observe(1, tokens * 8, MIX_CPU_HEAVY.ms(tokens * 8), 8)
+        costs.light.observe(1, tokens, MIX_CPU_LIGHT.ms(tokens), 1)
+    planner = costs.planner()
+    assert costs.light.batch < 1.5
+    assert planner.light_batch == pytest.approx(costs.heavy.batch) and planner.light_batch > 7

@@ -9,7 +9,8 @@ forward of 16 x 6 tokens costs about what one of 16 costs. This CPU is compute-b
 ``per_token`` dominates and every drafted token the heavy model scores costs as much
 as one it generates.
 
-With B requests sharing a forward, one request's share of a block that drafts k
+With B requests sharing a forward (each branch's mean batch; the light one never below the
+heavy one's, since drafting requests reach both), one request's share of a block that drafts k
 tokens is
 
     cost(k) = k * (L.fixed / B_light + L.per_token) + H.fixed / B_heavy + H.per_token * (k + 1)
@@ -189,7 +190,9 @@ class BranchCosts:
         if light is None:
             r = self.config.light_ratio
             light = Curve(h.fixed * r, h.per_token * r)
-        return Planner(h, light, self.heavy.batch, self.light.batch)
+        # the light model batches the same live requests the heavy one does once they draft:
+        # its own mean batch is stale while the plan keeps it idle (heavy-only steps under load)
+        return Planner(h, light, self.heavy.batch, max(self.light.batch, self.heavy.batch))
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
