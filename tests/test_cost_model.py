@@ -208,6 +208,9 @@ def test_hooks_plan_ngram_drafts_into_heavy_steps_until_they_stop_matching():
     _teach(quiet.costs, MEASURED_CPU, Curve(261.0, 31.0), batch=2)
     assert _plan(quiet, prompt_len=3000, max_tokens=48).free_drafts >= 2  # a smaller batch: longer ones
     assert _plan(ops, prompt_len=3000, max_tokens=48, ngram_drafts=False).free_drafts == 0
+    routed = _plan(ops, prompt_len=3000, max_tokens=48, router_mode="route")  # heavy-only steps: copies too
+    assert routed.mode == Mode.HEAVY and routed.free_drafts >= 1
+    assert _plan(ops, prompt_len=20, max_tokens=256, router_mode="route").free_drafts == 0  # drafting: none
     hooks = ops.admit(*_admission(prompt_len=3000)).hooks
     for _ in range(12):  # every n-gram draft rejected at its first token
         hooks.after_block(BlockRecord("r", 0, "verify", "ngram", 8, (), (), (), 0, (), (), 0, 1,

@@ -171,8 +171,10 @@ def test_heavy_only_steps_still_take_ngram_drafts_the_plan_allows():
     assert none == ref and stats_none.ngram_blocks == 0  # 0: they do not pay, heavy alone
     off, stats_off, _, _ = _run_planned(prompt, "verify", free=8, ngram_drafts=False)
     assert off == ref and stats_off.ngram_blocks == 0  # the request said no
-    route, stats_route, _, _ = _run_planned(prompt, "route", free=8, ngram_drafts=True)
-    assert route == ref and stats_route.ngram_tokens >= 20  # route's heavy steps take them too
+    route, stats_route, _, _ = _run_planned(prompt, "route", free=8)
+    assert route == ref and stats_route.ngram_tokens >= 20  # route's heavy steps take them by default
+    route_off, stats_route_off, _, _ = _run_planned(prompt, "route", free=8, ngram_drafts=False)
+    assert route_off == ref and stats_route_off.ngram_blocks == 0  # unless the request said no
 
 
 def test_route_heavy_only_steps_run_a_block_per_heavy_call():

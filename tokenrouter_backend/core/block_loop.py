@@ -384,7 +384,8 @@ class BlockLoop:
     async def _run_block(self, mode: Mode) -> None:
         if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:
             await self.heavy_first_token()
-        elif mode == Mode.HEAVY and self.free_drafts and self.heavy.opened and (drafts := self._free_drafts()):
+        elif mode == Mode.HEAVY and self.free_drafts and self.heavy.opened \
+                and (drafts := self._free_drafts(heavy_step=True)):
             # the light model is left out, copies are not (after the prompt's first token went out alone)
             await self.ngram_block(self.params.mode, drafts)
         elif mode == Mode.HEAVY and self.params.mode == Mode.ROUTE:
@@ -406,10 +407,11 @@ class BlockLoop:
             await self.vouch_end()
             self._check_length()
 
-    def _free_drafts(self) -> list[int]:
+    def _free_drafts(self, heavy_step: bool = False) -> list[int]:
         """n-gram / decision-cache drafts for this block, at most what the plan says pays."""
         room = self.remaining - 1
-        return self.ngram.propose(self.tokens, room if self.free_drafts is None else min(room, self.free_drafts))
+        return self.ngram.propose(self.tokens, room if self.free_drafts is None else min(room, self.free_drafts),
+                                  heavy_step)
 
     def _check_length(self) -> None:
         if self.remaining <= 0 and not self.done:

@@ -55,6 +55,7 @@ class NgramSettings:
     """One request's n-gram knobs (``RouterParams``)."""
 
     enabled: bool = True
+    heavy_steps: bool = True  # also in the cost model's heavy-only steps (copies replace heavy tokens)
     min_n: int = 3  # shortest suffix matched
     max_n: int = 5  # longest suffix matched (tried first)
     max_draft: int = 16  # most n-gram tokens one heavy check carries
@@ -80,10 +81,11 @@ class NgramDrafter:
         self.prompt_len = prompt_len
         self.source = DraftSource.NGRAM  # of the last proposal
 
-    def propose(self, tokens: Sequence[int], room: int) -> list[int]:
-        """Drafts for the next block (at most ``room``), or [] to use the light model."""
+    def propose(self, tokens: Sequence[int], room: int, heavy_step: bool = False) -> list[int]:
+        """Drafts for the next block (at most ``room``), or [] to use the light model
+        (``heavy_step``: for a planned heavy-only step, where ``heavy_steps`` decides)."""
         s = self.settings
-        if not s.enabled or room < 1:
+        if not (s.heavy_steps if heavy_step else s.enabled) or room < 1:
             return []
         if self.prior:
             drafts = follow(self.prior, tokens[self.prompt_len:], min(s.max_draft, room))

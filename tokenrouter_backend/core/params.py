@@ -154,13 +154,17 @@ def _light_window(d: RouterDefaults, mode: Mode, asked: Any) -> int:
 def _ngram_settings(d: RouterDefaults, mode: Mode, asked: Any) -> NgramSettings:
     """As asked, else the config default in verify mode only: there the drafts cannot change
     a greedy answer; a route request asks for them (they replace light tokens by heavy-checked
-    copies, so route's light-share limits would no longer hold by default)."""
+    copies, so route's light-share limits would no longer hold by default). In the cost
+    model's heavy-only steps they replace heavy tokens: there the config default holds in
+    both modes."""
     enabled = asked if asked is not None else d.ngram_drafts and mode == Mode.VERIFY
+    # in the cost model's heavy-only steps a copy replaces a heavy token, never a light one
+    heavy_steps = asked if asked is not None else d.ngram_drafts
     low = _int_in("ngram_min", d.ngram_min, 1, 64)
     high = _int_in("ngram_max", d.ngram_max, low, 64)
     longest = _int_in("ngram_max_draft", d.ngram_max_draft, 1, 256)
-    return NgramSettings(enabled=_bool("ngram_drafts", enabled), min_n=low, max_n=high, max_draft=longest,
-                         first_draft=min(8, longest))
+    return NgramSettings(enabled=_bool("ngram_drafts", enabled), heavy_steps=_bool("ngram_drafts", heavy_steps),
+                         min_n=low, max_n=high, max_draft=longest, first_draft=min(8, longest))
 
 
 def _name_in(name: str, value: Any, kind: type[Mode] | type[Schedule]):
