@@ -62,9 +62,10 @@ def test_expected_tokens():
 
 def test_light_is_left_out_of_a_long_prompt_with_a_short_answer():
     p = Planner(heavy=Curve(300.0, 8.0), light=Curve(60.0, 4.0))
-    assert p.light_pays(prompt_tokens=200, new_tokens=256, acceptance=0.8, max_block=16, chunk=256)
-    assert not p.light_pays(prompt_tokens=2800, new_tokens=32, acceptance=0.8, max_block=16, chunk=256)
-    assert not CPU_LIKE.light_pays(prompt_tokens=10, new_tokens=1000, acceptance=0.8, max_block=16, chunk=256)
+    assert p.light_estimate(prompt_tokens=200, new_tokens=256, acceptance=0.8, max_block=16, chunk=256).pays
+    assert not p.light_estimate(prompt_tokens=2800, new_tokens=32, acceptance=0.8, max_block=16, chunk=256).pays
+    assert not CPU_LIKE.light_estimate(prompt_tokens=10, new_tokens=1000, acceptance=0.8, max_block=16,
+                                       chunk=256).pays
 
 
 def test_curve_fit_recovers_fixed_and_per_token_cost():

@@ -131,6 +131,11 @@ class CostCurve:
         return Curve(float(fixed), float(per_token))
 
 
+def with_prior(hits: float, misses: float, prior: float, weight: float) -> float:
+    """A per-token rate from hit / miss counts, with ``prior`` worth ``weight`` observations."""
+    return (hits + prior * weight) / (hits + misses + weight)
+
+
 class BranchCosts:
     """Both branches' curves (server-wide) and the server-wide acceptance estimate."""
 
@@ -148,22 +153,19 @@ class BranchCosts:
     @property
     def acceptance(self) -> float:
         """Server-wide per-token acceptance (the prior until verdicts arrive)."""
-        c = self.config
-        return (self.accepted + c.prior_acceptance * c.prior_weight) / (self.accepted + self.rejected + c.prior_weight)
+        return with_prior(self.accepted, self.rejected, self.config.prior_acceptance, self.config.prior_weight)
 
     @property
     def ngram_acceptance(self) -> float:
         """Server-wide per-token acceptance of n-gram drafts (the prior until verdicts arrive)."""
         c = self.config
-        return (self.ngram_accepted + c.ngram_prior_acceptance * c.prior_weight) \
-            / (self.ngram_accepted + self.ngram_rejected + c.prior_weight)
+        return with_prior(self.ngram_accepted, self.ngram_rejected, c.ngram_prior_acceptance, c.prior_weight)
 
     @property
     def route_stand(self) -> float:
         """Server-wide chance a route draft stands unchecked (the prior until route blocks ran)."""
         c = self.config
-        return (self.route_stood + c.route_prior_stand * c.prior_weight) \
-            / (self.route_stood + self.route_unsure + c.prior_weight)
+        return with_prior(self.route_stood, self.route_unsure, c.route_prior_stand, c.prior_weight)
 
     def observe_route_stand(self, stood: int, unsure: int) -> None:
         d = self.config.decay
@@ -239,6 +241,18 @@ class Planner:
         rates = [self.route_rate(k, acceptance, stand) for k in range(max_block + 1)]
         return int(np.argmax(rates))
 
+    def best_draft(self, acceptance: float, max_block: int, route_stand: float | None = None) -> int:
+        """The best draft length of a verify block, or of a route block when ``route_stand`` is given."""
+        if route_stand is None:
+            return self.best_block(acceptance, max_block)
+        return self.best_route_block(acceptance, route_stand, max_block)
+
+    def draft_rate(self, k: int, acceptance: float, route_stand: float | None = None) -> float:
+        """Expected tokens per ms of that block (see ``best_draft``)."""
+        if route_stand is None:
+            return self.tokens_per_ms(k, acceptance)
+        return self.route_rate(k, acceptance, route_stand)
+
     def heavy_check_ms(self, k: int) -> float:
         """One request's share of a heavy forward checking k drafts that cost nothing to make
         (n-gram / decision-cache drafts: no light forward)."""
@@ -257,19 +271,10 @@ class Planner:
         (``route_stand`` given: route blocks, else verify blocks)."""
         calls = -(-prompt_tokens // max(1, chunk))
         prefill = calls * self.light.fixed + self.light.per_token * prompt_tokens
-        if route_stand is None:
-            k = self.best_block(acceptance, max_block)
-            rate = self.tokens_per_ms(k, acceptance)
-        else:
-            k = self.best_route_block(acceptance, route_stand, max_block)
-            rate = self.route_rate(k, acceptance, route_stand)
-        saved_per_token = 0.0 if k == 0 else 1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / rate
+        k = self.best_draft(acceptance, max_block, route_stand)
+        saved_per_token = 0.0 if k == 0 else \
+            1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.draft_rate(k, acceptance, route_stand)
         return LightEstimate(new_tokens * saved_per_token, prefill, acceptance, k)
-
-    def light_pays(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
-                   chunk: int) -> bool:
-        """Whether drafting saves more over ``new_tokens`` than the light prefill costs."""
-        return self.light_estimate(prompt_tokens, new_tokens, acceptance, max_block, chunk).pays
 
 
 @dataclass(frozen=True)

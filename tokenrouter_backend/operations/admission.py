@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate
+from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate, with_prior
 from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, BlockPlan, BlockRecord
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
@@ -246,20 +246,17 @@ class RequestHooks:
 
     def acceptance(self) -> float:
         """This request's per-token acceptance, the server-wide estimate as its prior."""
-        weight = self.ops.cost_config.prior_weight
-        return (self.accepted + self.ops.costs.acceptance * weight) / (self.accepted + self.rejected + weight)
+        return with_prior(self.accepted, self.rejected, self.ops.costs.acceptance, self.ops.cost_config.prior_weight)
 
     def route_stand(self) -> float:
         """This request's chance a route draft stands unchecked, the server-wide one as its prior."""
-        weight = self.ops.cost_config.prior_weight
-        return (self.route_stood + self.ops.costs.route_stand * weight) \
-            / (self.route_stood + self.route_unsure + weight)
+        return with_prior(self.route_stood, self.route_unsure, self.ops.costs.route_stand,
+                          self.ops.cost_config.prior_weight)
 
     def ngram_acceptance(self) -> float:
         """This request's per-token n-gram acceptance, the server-wide estimate as its prior."""
-        weight = self.ops.cost_config.prior_weight
-        return (self.ngram_accepted + self.ops.costs.ngram_acceptance * weight) \
-            / (self.ngram_accepted + self.ngram_rejected + weight)
+        return with_prior(self.ngram_accepted, self.ngram_rejected, self.ops.costs.ngram_acceptance,
+                          self.ops.cost_config.prior_weight)
 
     def _cost_plan(self, plan: BlockPlan) -> BlockPlan:
         """verify / route with the adaptive schedule: the draft length with the most tokens per
@@ -277,12 +274,7 @@ class RequestHooks:
                 else self.prompt_tokens  # a windowed light model prefills sink + window at most
             self.light = planner.light_estimate(light_prompt, p.max_tokens, a, p.max_block_size,
                                                 p.prefill_chunk_tokens, stand)
-        if not self.light.pays:
-            k = 0
-        elif stand is None:
-            k = planner.best_block(a, p.max_block_size)
-        else:
-            k = planner.best_route_block(a, stand, p.max_block_size)
+        k = planner.best_draft(a, p.max_block_size, stand) if self.light.pays else 0
         copies = p.ngram.enabled or (k == 0 and p.ngram.heavy_steps)  # route: in heavy-only steps only
         free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if copies else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
