@@ -49,3 +49,28 @@ def test_summary_counts_only_problems_every_arm_finished():
     assert rows["route@0.8"]["x_heavy"] == pytest.approx((20 / 1.5) / (20 / 4.0))
     assert rows["route@0.8"]["exact_vs_heavy"] == 0.5 and rows["route@0.8"]["light_share"] == pytest.approx(0.85)
     assert "| raw | route@0.8 | 2 | 100.0% |" in markdown(summary(rec))
+
+
+def test_arms_never_share_a_prompt_or_an_answer(problem, monkeypatch, tmp_path):
+    """Each arm's prompt opens with its own nonce line and every request refuses the decision cache,
+    so no arm reuses another's prefill or answer; the raw program is still the problem's own."""
+    from tokenrouter_backend.client import humaneval, triton_client
+
+    sent = []
+
+    def fake_generate(url, prompt, **knobs):
+        sent.append((prompt, knobs))
+        return triton_client.GenerationResult(problem["canonical_solution"], {
+            "generated_tokens": 9, "light_tokens": 0, "heavy_calls": 9}, 0.1, 0.2)
+
+    monkeypatch.setattr(triton_client, "generate_http", fake_generate)
+    arms = [Arm.parse(a) for a in ("heavy", "router", "route@0.8")]
+    records = humaneval.run("x:1", [problem], ["raw", "chat"], arms, 16,
+                            lambda messages: "<user>" + messages[0]["content"] + "<assistant>", tmp_path / "he.jsonl",
+                            log=lambda _line: None)
+    prompts = [p for p, _ in sent]
+    assert len(set(prompts)) == 6 and all(k["answer_cache"] is False for _, k in sent)
+    raw = [p for p in prompts if not p.startswith("<user>")]
+    assert len(raw) == 3 and len({len(p) for p in raw}) == 1
+    assert all(p.startswith("# run ") and p.endswith("\n" + problem["prompt"]) for p in raw)
+    assert all(r.passed for r in records if r.format == "raw")  # scored against the problem's own prompt
