@@ -22,7 +22,8 @@ echo "== fetch the demo pair"
 "$TR" models fetch-demo
 
 echo "== export it to a Triton model repository: $REPO"
-"$TR" export --heavy "$HEAVY" --light "$LIGHT" --out "$REPO"
+ROUTER=$("$PY" -c "from tokenrouter_backend.export.demo_pair import DEMO_ROUTER; print(DEMO_ROUTER)")
+"$TR" export --heavy "$HEAVY" --light "$LIGHT" --out "$REPO" --router "$ROUTER"
 
 echo "== serve it"
 read -r HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT < <("$PY" -c \

@@ -23,7 +23,7 @@ ALLOWED = {
     "operations": {"core"},
     "serving": {"core", "engine", "branches", "operations"},
     "server": set(),
-    "export": {"core", "engine", "server"},
+    "export": {"core", "engine", "branches", "operations", "server"},
     "client": {"core", "engine", "server", "export"},
     "openai_front": {"core", "client"},
     "cli": {"core", "engine", "branches", "operations", "serving", "server", "export", "client", "openai_front"},

