@@ -51,9 +51,10 @@ def test_summary_counts_only_problems_every_arm_finished():
     assert "| raw | route@0.8 | 2 | 100.0% |" in markdown(summary(rec))
 
 
-def test_arms_never_share_a_prompt_or_an_answer(problem, monkeypatch, tmp_path):
-    """Each arm's prompt opens with its own nonce line and every request refuses the decision cache,
-    so no arm reuses another's prefill or answer; the raw program is still the problem's own."""
+def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(problem, monkeypatch, tmp_path):
+    """Per problem and format: one unrecorded verify request with a fixed schedule (both
+    branches prefill) first, then every arm with the same prompt; every request refuses the
+    decision cache."""
     from tokenrouter_backend.client import humaneval, triton_client
 
     sent = []
@@ -68,9 +69,11 @@ def test_arms_never_share_a_prompt_or_an_answer(problem, monkeypatch, tmp_path):
     records = humaneval.run("x:1", [problem], ["raw", "chat"], arms, 16,
                             lambda messages: "<user>" + messages[0]["content"] + "<assistant>", tmp_path / "he.jsonl",
                             log=lambda _line: None)
-    prompts = [p for p, _ in sent]
-    assert len(set(prompts)) == 6 and all(k["answer_cache"] is False for _, k in sent)
-    raw = [p for p in prompts if not p.startswith("<user>")]
-    assert len(raw) == 3 and len({len(p) for p in raw}) == 1
-    assert all(p.startswith("# run ") and p.endswith("\n" + problem["prompt"]) for p in raw)
-    assert all(r.passed for r in records if r.format == "raw")  # scored against the problem's own prompt
+    assert len(sent) == 8 and all(k["answer_cache"] is False for _, k in sent)
+    for group in (sent[:4], sent[4:]):
+        (warm_prompt, warm), *measured = group
+        assert warm["max_tokens"] == 2 and warm["router_mode"] == "verify" and warm["block_schedule"] == "fixed"
+        assert {p for p, _ in measured} == {warm_prompt}
+        assert [k["router_mode"] for _, k in measured] == ["heavy", "route", "route"]
+    assert sent[0][0] == problem["prompt"] and len(records) == 6
+    assert all(r.passed for r in records if r.format == "raw")

@@ -16,12 +16,13 @@ order rotated) so that machine noise falls on all of them: ``heavy``, ``light``,
 with the server's learned router).
 
 Arms share problems, and the server reuses work across requests (prefix KV cache, decision
-cache): each arm's prompt starts with its own fixed-width nonce comment line
-(``arm_prompts.for_arm``; in the chat format inside the code block) and every request says
-``answer_cache: false``, so no arm is handed another arm's prefill or answer. The raw
-completion is scored against the problem's own prompt (the nonce line is not part of the
-program). Because the arms' prompts differ in that line, "exact vs heavy" compares answers
-to prompts that differ in one comment.
+cache). Every arm sends the same prompt (a different prompt would change heavy's own
+answer), so before the arms run, one unrecorded verify request (``prewarm``: 2 tokens, fixed
+block schedule, so both branches prefill) puts the prompt's KV in both branches' prefix
+caches: every arm then starts from the same cached prompt (its last partial 32-token block
+excepted), and no arm pays a prefill another skips. Every request says
+``answer_cache: false``, so no arm is handed another arm's answer. Tokens/s is therefore
+decode speed over a cached prompt.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .arm_prompts import NO_REUSE_KNOBS, for_arm
+from .arm_prompts import NO_REUSE_KNOBS
 from .quality import HUMANEVAL_STOPS, HUMANEVAL_TIMEOUT_S, truncate_humaneval
 
 FORMATS = ("raw", "chat")
@@ -67,10 +68,12 @@ class Arm:
         raise ValueError(f"unknown arm {spec!r}: heavy, light, verify, route@T, router")
 
 
-def arm_prompt(problem: dict, fmt: str, arm: Arm, render: Callable[[list[dict]], str] | None) -> str:
-    """What ``arm`` sends for ``problem`` in ``fmt``: the problem's prompt behind the arm's nonce line."""
-    text = for_arm(problem["prompt"], problem["task_id"], fmt, arm.name)
-    return text if fmt == "raw" else chat_prompt(dict(problem, prompt=text), render)
+def prewarm(url: str, prompt: str) -> None:
+    """One unrecorded verify request (2 tokens, fixed schedule: the light model drafts) puts
+    the prompt's KV in both branches' prefix caches (see the module docstring)."""
+    from .triton_client import generate_http
+
+    generate_http(url, prompt, max_tokens=2, router_mode="verify", block_schedule="fixed", **NO_REUSE_KNOBS)
 
 
 def chat_prompt(problem: dict, render: Callable[[list[dict]], str]) -> str:
@@ -120,13 +123,18 @@ def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequen
     with open(out, "a", encoding="utf-8") as sink:
         for i, problem in enumerate(problems):
             for fmt in formats:
+                prompt = problem["prompt"] if fmt == "raw" else chat_prompt(problem, render)
                 stops = list(HUMANEVAL_STOPS if fmt == "raw" else CHAT_STOPS)
+                try:
+                    prewarm(url, prompt)
+                except GenerationError as exc:
+                    log(f"{problem['task_id']:14s} {fmt:4s} prewarm: {exc}")
                 shift = i % len(arms)
                 for arm in list(arms[shift:]) + list(arms[:shift]):
                     t0 = time.perf_counter()
                     try:
-                        res = generate_http(url, arm_prompt(problem, fmt, arm, render), max_tokens=max_tokens,
-                                            stop_words=stops, **NO_REUSE_KNOBS, **arm.knobs)
+                        res = generate_http(url, prompt, max_tokens=max_tokens, stop_words=stops, **NO_REUSE_KNOBS,
+                                            **arm.knobs)
                         s = res.stats
                         rec = Record(problem["task_id"], fmt, arm.name, s["generated_tokens"], res.latency_s,
                                      s["light_tokens"], s["heavy_calls"], passed(problem, fmt, res.text), res.text)
