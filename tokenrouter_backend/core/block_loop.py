@@ -49,6 +49,7 @@ from tokenrouter_backend.core.hooks import (
 from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM, Mode
 from tokenrouter_backend.core.ngram import DraftSource, NgramDrafter, one_hot
 from tokenrouter_backend.core.params import RouterParams
+from tokenrouter_backend.core.prompt_surprise import PromptSurprise
 from tokenrouter_backend.core.route_gate import Decision, RouteContext, RouteGate
 from tokenrouter_backend.core.routing_trace import Kind, default_kind
 from tokenrouter_backend.core.stats import RequestStats
@@ -73,6 +74,7 @@ class GenerationRequest:
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token level: the document-end tokens
     stop_text: StopText | None = None  # stop strings, matched on the decoded text
     route_gate: RouteGate | None = None  # critical classes / learned router; None = default policy
+    prompt_surprise: PromptSurprise | None = None  # measured for request-level routing (reported in stats)
 
     @property
     def stop(self) -> StopCriteria:
@@ -97,6 +99,10 @@ class BlockLoop:
         self.request_id = request_id
         self._note = BlockNote()  # facts about the current block, for the BlockRecord
         self.stats = RequestStats(mode=str(self.params.mode), prompt_tokens=len(request.prompt))
+        if request.prompt_surprise is not None and request.prompt_surprise.scored:
+            self.stats.prompt_nll = request.prompt_surprise.mean
+            self.stats.prompt_nll_tokens = request.prompt_surprise.scored
+            self.stats.prompt_score_ms = request.prompt_surprise.elapsed_ms
         sid = session_id if session_id is not None else random.getrandbits(63)
         chunk = self.params.prefill_chunk_tokens
         self.light = BranchView(light, sid, self.stats, chunk, kv_window=self.params.light_kv_window)

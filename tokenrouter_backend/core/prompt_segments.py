@@ -1,4 +1,4 @@
-"""Prompt segments and their difficulty: the request-level routing signal (rules only).
+"""Prompt segments and their difficulty: the request-level routing signal (rules, light perplexity).
 
 ``segments`` cuts a prompt into fenced code blocks, JSON values, and prose split at newlines
 and sentence punctuation; a segment longer than ``MAX_SEGMENT_CHARS`` is split further at
@@ -9,19 +9,30 @@ whitespace. ``difficulty`` scores one segment in [0, 1] from rules:
   question     question words or a question mark: +0.15
   constraints  must / exactly / at least / at most / only / never / should / ensure: +0.25
 
-(capped at 1). Adjacent segments that continue one task (a shared content word or
-identifier, ``task_continuity``) form a group, scored as one text: a hard instruction
-split across two sentences is scored whole, not as two milder pieces. ``score_prompt``
-sums a prompt up over its segments, each counted at its group's difficulty: the hardest,
-the mean, the segments at or above the critical level, and the whole prompt's own score
-(rules that fire anywhere in it add up there).
+(capped at 1). With the light model's surprise at the prompt (``core/prompt_surprise``:
+per-token NLL, and each token's end in the prompt text), a segment also gets
+
+  perplexity   weight x clip((mean NLL of its tokens - nll_easy) / (nll_hard - nll_easy), 0, 1)
+
+(``PerplexityRule``; a segment with no scored token gets none). Adjacent segments that
+continue one task (a shared content word or identifier, ``task_continuity``) form a group,
+scored as one text (its perplexity term from all its tokens): a hard instruction split
+across two sentences is scored whole, not as two milder pieces. ``score_prompt`` sums a
+prompt up over its segments, each counted at its group's difficulty: the hardest, the
+mean, the segments at or above the critical level, and the whole prompt's own score
+(rules that fire anywhere in it add up there, plus the term of the mean NLL of all scored
+tokens).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import Sequence
+
+import numpy as np
 
 from tokenrouter_backend.core.task_continuity import group_runs, link_keys
 
@@ -103,6 +114,55 @@ def _prose(text: str) -> list[Segment]:
 
 
 @dataclass(frozen=True)
+class PerplexityRule:
+    """How the light model's NLL on a segment adds to its difficulty (config request_nll_*)."""
+
+    nll_easy: float = 1.0  # mean NLL (nats) at or below which a segment adds nothing
+    nll_hard: float = 3.0  # ... at or above which it adds the whole weight
+    weight: float = 0.3
+
+    def term(self, nll: float) -> float:
+        if math.isnan(nll):
+            return 0.0
+        return self.weight * min(1.0, max(0.0, (nll - self.nll_easy) / (self.nll_hard - self.nll_easy)))
+
+
+@dataclass(frozen=True)
+class TokenSurprise:
+    """Per prompt token: its NLL under the light model (NaN = not scored) and where its text ends."""
+
+    nll: np.ndarray  # float [n]
+    ends: np.ndarray  # int [n]: character offset in the prompt text just past each token
+
+    @classmethod
+    def of(cls, nll: Sequence[float], token_texts: Sequence[str]) -> "TokenSurprise":
+        """From each token's decoded text (offsets add up; exact where tokens decode to whole characters)."""
+        return cls(np.asarray(nll, np.float64), np.cumsum([len(t) for t in token_texts], dtype=np.int64))
+
+
+def segment_spans(prompt: str, segs: Sequence[Segment]) -> list[tuple[int, int]]:
+    """Each segment's (start, end) in ``prompt`` (segments are substrings, in order)."""
+    spans, pos = [], 0
+    for seg in segs:
+        start = prompt.find(seg.text, pos)
+        start = pos if start < 0 else start
+        spans.append((start, start + len(seg.text)))
+        pos = start + len(seg.text)
+    return spans
+
+
+def segment_nll(prompt: str, segs: Sequence[Segment], surprise: TokenSurprise) -> list[tuple[float, int]]:
+    """(sum of NLL, scored tokens) per segment: a token belongs to the segment its last character is in."""
+    out = []
+    for start, end in segment_spans(prompt, segs):
+        lo, hi = np.searchsorted(surprise.ends, [start + 1, end + 1])
+        values = surprise.nll[lo:hi]
+        values = values[~np.isnan(values)]
+        out.append((float(values.sum()), int(len(values))))
+    return out
+
+
+@dataclass(frozen=True)
 class Group:
     """Adjacent segments of one task, scored as one text."""
 
@@ -112,14 +172,21 @@ class Group:
     difficulty: float
 
 
-def groups(segs: list[Segment]) -> list[Group]:
+def groups(segs: list[Segment], nll: Sequence[tuple[float, int]] | None = None,
+           rule: PerplexityRule = PerplexityRule()) -> list[Group]:
+    """Task-continuity groups; with ``nll`` (``segment_nll``) each group's difficulty also
+    carries the perplexity term of its tokens' mean NLL."""
     out = []
     for run in group_runs([link_keys(s.text, s.kind != SegmentKind.TEXT) for s in segs]):
         kinds = {segs[i].kind for i in run}
         kind = (SegmentKind.CODE if SegmentKind.CODE in kinds
                 else SegmentKind.JSON if kinds == {SegmentKind.JSON} else SegmentKind.TEXT)
         text = "\n".join(segs[i].text for i in run)
-        out.append(Group(run, kind, text, segs[run[0]].difficulty if len(run) == 1 else difficulty(text, kind)))
+        score = segs[run[0]].difficulty if len(run) == 1 else difficulty(text, kind)
+        if nll is not None:
+            total, count = (sum(nll[i][k] for i in run) for k in (0, 1))
+            score = min(1.0, score + rule.term(total / count if count else math.nan))
+        out.append(Group(run, kind, text, score))
     return out
 
 
@@ -131,13 +198,24 @@ class PromptScore:
     segments: int
     whole: float = 0.0  # difficulty(prompt) as one text
     groups: int = 0  # task-continuity groups the segments form
+    nll: float = math.nan  # mean light-model NLL over the scored prompt tokens (NaN: not measured)
+    nll_tokens: int = 0  # how many tokens that mean covers
 
 
-def score_prompt(prompt: str) -> PromptScore:
+def score_prompt(prompt: str, surprise: TokenSurprise | None = None,
+                 rule: PerplexityRule = PerplexityRule()) -> PromptScore:
+    """The prompt's score from its segments (rules), plus the perplexity term with ``surprise``."""
     segs = segments(prompt)
     if not segs:
         return PromptScore(0.0, 0.0, 0, 0)
-    grouped = groups(segs)
+    nll = segment_nll(prompt, segs, surprise) if surprise is not None else None
+    grouped = groups(segs, nll, rule)
     values = [g.difficulty for g in grouped for _ in g.members]  # each segment at its group's score
+    whole = difficulty(prompt)
+    mean_nll, scored = math.nan, 0
+    if surprise is not None:
+        scored = int(np.count_nonzero(~np.isnan(surprise.nll)))
+        mean_nll = float(np.nanmean(surprise.nll)) if scored else math.nan
+        whole = min(1.0, whole + rule.term(mean_nll))
     return PromptScore(max(values), sum(values) / len(values), sum(v >= CRITICAL_LEVEL for v in values), len(segs),
-                       difficulty(prompt), len(grouped))
+                       whole, len(grouped), mean_nll, scored)

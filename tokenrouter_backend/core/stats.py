@@ -49,6 +49,9 @@ class RequestStats:
     answer_cache_hit: bool = False  # the decision cache held an earlier answer to this prompt
     answer_drafts_proposed: int = 0  # drafts taken from that answer, checked by the heavy model
     answer_drafts_accepted: int = 0  # of those, how many stood
+    prompt_nll: float = -1.0  # request-level routing: light model's mean NLL (nats) on the prompt; -1 = not measured
+    prompt_nll_tokens: int = 0  # prompt tokens that mean covers
+    prompt_score_ms: float = 0.0  # time the light model took to score them (before the first block)
     token_kinds: str = ""  # routing_trace.Kind per generated token (not in to_dict: show_routing adds runs)
 
     @property

@@ -20,6 +20,7 @@ from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEs
 from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, BlockPlan, BlockRecord
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
+from tokenrouter_backend.core.prompt_segments import TokenSurprise
 from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.ab import (
     ARM_EXPLICIT,
@@ -77,6 +78,7 @@ class RequestInfo:
     decision_log: bool | None = None  # input decision_log
     dynamic_quantile: float | None = None  # input dynamic_threshold_quantile
     prompt_text: str | None = None  # the decoded prompt (filled only when request_policy is on)
+    surprise: TokenSurprise | None = None  # the light model's NLL per prompt token (wants_surprise requests)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Operations:
             arm = choose_arm(request_key(info.request_id, info.prompt), self.config.ab_route_percent)
             mode = BASELINE_MODE if arm == ARM_REQUEST else params.mode
             if arm == ARM_REQUEST and self.request_policy.policy and info.prompt_text is not None:
-                params = decide(self.request_policy, params, info.prompt_text)[0]  # request-level routing
+                params = decide(self.request_policy, params, info.prompt_text, info.surprise)[0]  # request level
                 mode = params.mode
         if mode != params.mode:
             params = dataclasses.replace(params, mode=mode)
@@ -135,6 +137,14 @@ class Operations:
             hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt))
         # the decision log tells requests apart (train-router splits by request): id-less ones get one
         return Admission(params, arm, info.request_id or next(self._anonymous), hooks)
+
+    def wants_surprise(self, info: RequestInfo) -> bool:
+        """Whether ``admit`` will decide this request by the request-level policy with the light
+        model's perplexity (so the glue measures ``info.surprise`` first)."""
+        if (not self.request_policy.policy or self.request_policy.perplexity_tokens <= 0 or info.explicit_mode
+                or (self.override is not None and self.override.mode())):
+            return False
+        return choose_arm(request_key(info.request_id, info.prompt), self.config.ab_route_percent) == ARM_REQUEST
 
     def _wants_log(self, asked: bool | None) -> bool:
         if asked and self.log is None:

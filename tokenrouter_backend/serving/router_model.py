@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import random
 import traceback
 from pathlib import Path
 
@@ -29,9 +30,12 @@ from tokenrouter_backend.core.cost_model import MeteredBranch
 from tokenrouter_backend.core.detokenize import Detokenizer, stream_window
 from tokenrouter_backend.core.names import HEAVY, LIGHT
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, dataclass_from_config
+from tokenrouter_backend.core.prompt_segments import TokenSurprise
+from tokenrouter_backend.core.prompt_surprise import PromptSurprise
+from tokenrouter_backend.core.prompt_surprise import measure as measure_surprise
 from tokenrouter_backend.core.routing_trace import routing_runs
 from tokenrouter_backend.core.stats import RequestStats
-from tokenrouter_backend.operations.admission import Operations
+from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
 from tokenrouter_backend.serving.request import parse_request
@@ -100,8 +104,9 @@ class RouterModel:
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
+        self.vocab_texts = [] if tokenizer is None else vocabulary_texts(tokenizer)
         self.route_gate = build_route_gate(config_parameters(args), None if tokenizer is None
-                                           else vocabulary_texts(tokenizer), self._version_dir(args))
+                                           else self.vocab_texts, self._version_dir(args))
         self.plain_gate = dataclasses.replace(self.route_gate, router=None)
         self.inflight: set[asyncio.Task] = set()
         self.answers = AnswerCache(self.defaults.answer_cache_entries)  # the decision cache
@@ -153,14 +158,14 @@ class RouterModel:
         try:
             gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
             info = request_info(pb, request)
-            if self.ops.request_policy.policy and self.decode is not None:  # request-level routing reads the text
-                info = dataclasses.replace(info, prompt_text=self.decode(info.prompt))
+            tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these
+            await self.gate.enter(tokens)  # before any branch work (the perplexity below is light work)
+            held = tokens
+            info, surprise = await self._request_level(info)
             admission = self.ops.admit(info, gen_request.params)
             mode, arm = admission.params.mode, admission.arm
-            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(request))
-            tokens = len(gen_request.prompt) + gen_request.params.max_tokens
-            await self.gate.enter(tokens)
-            held = tokens
+            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(request),
+                                              prompt_surprise=surprise)
             show = bool(input_scalar(pb, request, SHOW_ROUTING)) and self.decode is not None
             writer = ResponseWriter(pb, sender, gen_request.params.stream, self.decode if show else None)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
@@ -190,6 +195,29 @@ class RouterModel:
                 self.gate.leave(held)
             self._report_pool()
         self.ops.fail(mode, arm or "none", reason)
+
+    async def _request_level(self, info: RequestInfo) -> tuple[RequestInfo, PromptSurprise | None]:
+        """What request-level routing reads: the prompt's text, and for the requests it decides
+        with perplexity, the light model's NLL per prompt token (mapped onto the text)."""
+        if not (self.ops.request_policy.policy and self.decode is not None):
+            return info, None
+        info = dataclasses.replace(info, prompt_text=self.decode(info.prompt))
+        surprise = await self._prompt_surprise(info.prompt) if self.ops.wants_surprise(info) else None
+        if surprise is None:
+            return info, None
+        texts = [self.vocab_texts[t] if 0 <= t < len(self.vocab_texts) else "" for t in info.prompt]
+        return dataclasses.replace(info, surprise=TokenSurprise.of(surprise.nll, texts)), surprise
+
+    async def _prompt_surprise(self, prompt) -> PromptSurprise | None:
+        """The light model's NLL on the prompt's first tokens (request-level routing); None when
+        the light branch cannot score it now (the policy then decides on the rules alone)."""
+        policy = self.ops.request_policy
+        try:
+            return await measure_surprise(self.light, prompt, random.getrandbits(63), policy.perplexity_tokens,
+                                          policy.perplexity_chunk)
+        except BranchError as exc:
+            self.logger.log_warn(f"router: light perplexity for request-level routing unavailable: {exc}")
+            return None
 
     def _fail(self, sender, message: str, cancelled: bool = False) -> None:
         try:
