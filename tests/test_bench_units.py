@@ -77,7 +77,12 @@ def test_spread():
 def test_make_arms_threshold_sweep():
     arms = make_arms(["heavy", "route"], [0.5, 0.9], ("hf_heavy",))
     assert [a.name for a in arms] == ["heavy", "route@0.5", "route@0.9", "hf_heavy"]
-    assert arms[2].knobs == {"router_mode": "route", "confidence_threshold": 0.9}
+    assert arms[2].knobs == {"router_mode": "route", "confidence_threshold": 0.9, "learned_router": False}
+    extra = make_arms(["router", "request"], [], ())
+    assert [(a.name, a.knobs) for a in extra] == [("router", {"router_mode": "route", "learned_router": True}),
+                                                  ("request", {})]
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        make_arms(["fast"], [], ())
 
 
 def test_perf_input_data_shape():

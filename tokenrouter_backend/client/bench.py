@@ -1,8 +1,12 @@
 """``tokenrouter bench``: TokenRouter's modes side by side with transformers peers.
 
-Arms through Triton (gRPC streaming, single stream): ``heavy``, ``light``, ``verify`` and
-``route@T`` for each confidence threshold T; in-process peers on the same pair (see
-``peers.py``). Arms run INTERLEAVED prompt by prompt (arm order rotated per prompt), so
+Arms through Triton (gRPC streaming, single stream): ``heavy``, ``light``, ``verify``,
+``route@T`` for each confidence threshold T (the confidence rule: ``learned_router`` false,
+so a server's learned router does not replace it), ``router`` (route with the server's
+learned router) and ``request`` (no ``router_mode``: the server decides; with
+``request_policy`` true and ``ab_route_percent`` 0 that is request-level routing for every
+such request, and its records carry the mode it chose); in-process peers on the same pair
+(see ``peers.py``). Arms run INTERLEAVED prompt by prompt (arm order rotated per prompt), so
 machine drift hits every arm alike. Speed ratios come only from PAIRED runs: the same
 prompt and repeat, arm vs baseline (``heavy``, ``hf_heavy``, ``hf_assisted``); the report
 gives per-prompt ratios, their median and IQR. Quality is measured against heavy-only greedy
@@ -30,7 +34,8 @@ from .workloads import ALL_WORKLOADS, Prompt, load_workloads
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)  # route confidence thresholds: the frontier
 QUICK_THRESHOLDS = (0.8,)
-TRITON_MODES = ("heavy", "light", "verify", "route")
+TRITON_MODES = ("heavy", "light", "verify", "route")  # the default --modes
+EXTRA_MODES = ("router", "request")  # asked for by name (they need a router file / the request policy)
 WARMUP_TOKENS = 4
 REQUEST_TIMEOUT_S = 900.0
 
@@ -39,8 +44,14 @@ def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, .
     arms = []
     for mode in modes:
         if mode == "route":
-            arms += [Arm(f"route@{t:g}", "triton", {"router_mode": "route", "confidence_threshold": t})
-                     for t in thresholds]
+            arms += [Arm(f"route@{t:g}", "triton", {"router_mode": "route", "confidence_threshold": t,
+                                                     "learned_router": False}) for t in thresholds]
+        elif mode == "router":
+            arms.append(Arm("router", "triton", {"router_mode": "route", "learned_router": True}))
+        elif mode == "request":
+            arms.append(Arm("request", "triton", {}))
+        elif mode not in TRITON_MODES:
+            raise ValueError(f"unknown mode {mode!r} in --modes: {', '.join(TRITON_MODES + EXTRA_MODES)}")
         else:
             arms.append(Arm(mode, "triton", {"router_mode": mode}))
     return arms + [Arm(name, "peer") for name in peer_arms]
@@ -134,7 +145,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--light", help="light source (HF folder or GGUF) for the transformers peers")
     p.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
     p.add_argument("--peer-arms", default=None, help="comma list of hf_heavy,hf_assisted,hf_prompt_lookup")
-    p.add_argument("--modes", default=",".join(TRITON_MODES), help="Triton arms (comma list)")
+    p.add_argument("--modes", default=",".join(TRITON_MODES),
+                   help=f"Triton arms, comma list of {', '.join(TRITON_MODES + EXTRA_MODES)} (default: %(default)s)")
     p.add_argument("--thresholds", default=None, help=f"route thresholds (default {DEFAULT_THRESHOLDS})")
     p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
     size = p.add_mutually_exclusive_group()
@@ -218,6 +230,11 @@ def run_load(args, url: str, prompts: list[Prompt], log) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    unknown = [m for m in _csv(args.modes) if m not in TRITON_MODES + EXTRA_MODES]
+    if unknown:
+        print(f"tokenrouter bench: unknown --modes {unknown}; choose from {', '.join(TRITON_MODES + EXTRA_MODES)}",
+              file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if args.url or not args.repo:
