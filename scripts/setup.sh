@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs TokenRouter with everything it needs (idempotent, non-interactive).
-# Debian packages: libb64-0d (perf_analyzer) and docker-compose (the tests validate the
-# compose file with its CLI; no Docker engine is needed); a warning if they cannot be installed.
+# Debian packages: libb64-0d (perf_analyzer), docker-compose (the tests validate the
+# compose file with its CLI; no Docker engine is needed) and chromium (the replay page is
+# checked in headless Chromium); a warning if they cannot be installed.
 # Python: the project with its pinned deps and the dev extra (pytest), editable.
 # Env: PYTHON (interpreter for the venv, default python3; 3.10-3.13: the Triton wheel ships
 # Python-backend stubs for those versions); TOKENROUTER_DATA (pip's log goes to its logs/).
@@ -11,7 +12,7 @@ PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.tokenrouter-installed   # what was installed: pyproject.toml + top-level packages
 
-DEBIAN_PACKAGES="libb64-0d docker-compose"
+DEBIAN_PACKAGES="libb64-0d docker-compose chromium"
 
 install_debian_packages() {
   local missing=""
@@ -21,7 +22,7 @@ install_debian_packages() {
   [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
   if ! { $sudo apt-get update -qq >/dev/null &&
          DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null; }; then
-    echo "setup: warning: could not install$missing (perf_analyzer / compose validation need them)" >&2
+    echo "setup: warning: could not install$missing (perf_analyzer, compose validation and the replay-page test need them)" >&2
   fi
 }
 
