@@ -6,7 +6,8 @@ from tokenrouter_backend.client.triton_client import GenerationResult
 
 
 def _fake_generate(calls):
-    def generate(url, prompt, max_tokens, router_mode):
+    def generate(url, prompt, max_tokens, router_mode, answer_cache):
+        assert answer_cache is False  # the modes share prompts: none may copy another's answer
         calls.append((url, prompt, max_tokens, router_mode))
         stats = {"generated_tokens": 3, "light_share": 0.5, "heavy_calls": 2, "drafts_accepted": 1,
                  "drafts_proposed": 2, "rollbacks": 0, "heavy_calls_per_token": 0.6667}

@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     rows = []
     for i, prompt in enumerate(DEMO_PROMPTS):
         for mode in DEMO_MODES:
-            r = generate_http(args.url, prompt, max_tokens=args.max_tokens, router_mode=mode)
+            # the modes answer the same prompt: with the decision cache, verify would copy heavy's answer
+            r = generate_http(args.url, prompt, max_tokens=args.max_tokens, router_mode=mode, answer_cache=False)
             s = r.stats
             print(f"\n=== prompt {i + 1}, mode {mode}: {r.tokens} tokens, {r.tokens_per_s:.2f} tok/s, "
                   f"light share {s['light_share']:.0%}, heavy calls {s['heavy_calls']}, "
