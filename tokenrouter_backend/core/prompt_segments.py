@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tokenrouter_backend.core.prompt_surprise import PromptSurprise
 from tokenrouter_backend.core.task_continuity import group_runs, link_keys
 
 MAX_SEGMENT_CHARS = 240
@@ -129,15 +130,24 @@ class PerplexityRule:
 
 @dataclass(frozen=True)
 class TokenSurprise:
-    """Per prompt token: its NLL under the light model (NaN = not scored) and where its text ends."""
+    """The light model's NLL per prompt token (``PromptSurprise``) and where each token's text ends."""
 
-    nll: np.ndarray  # float [n]
+    surprise: PromptSurprise
     ends: np.ndarray  # int [n]: character offset in the prompt text just past each token
+
+    @property
+    def nll(self) -> np.ndarray:
+        return self.surprise.nll
+
+    @classmethod
+    def on_text(cls, surprise: PromptSurprise, token_texts: Sequence[str]) -> "TokenSurprise":
+        """Placed by each token's decoded text (offsets add up; exact where tokens decode to whole characters)."""
+        return cls(surprise, np.cumsum([len(t) for t in token_texts], dtype=np.int64))
 
     @classmethod
     def of(cls, nll: Sequence[float], token_texts: Sequence[str]) -> "TokenSurprise":
-        """From each token's decoded text (offsets add up; exact where tokens decode to whole characters)."""
-        return cls(np.asarray(nll, np.float64), np.cumsum([len(t) for t in token_texts], dtype=np.int64))
+        """From per-token NLL values (NaN = not scored) and each token's decoded text."""
+        return cls.on_text(PromptSurprise(np.asarray(nll, np.float64)), token_texts)
 
 
 def segment_spans(prompt: str, segs: Sequence[Segment]) -> list[tuple[int, int]]:
@@ -214,8 +224,7 @@ def score_prompt(prompt: str, surprise: TokenSurprise | None = None,
     whole = difficulty(prompt)
     mean_nll, scored = math.nan, 0
     if surprise is not None:
-        scored = int(np.count_nonzero(~np.isnan(surprise.nll)))
-        mean_nll = float(np.nanmean(surprise.nll)) if scored else math.nan
+        mean_nll, scored = surprise.surprise.mean, surprise.surprise.scored
         whole = min(1.0, whole + rule.term(mean_nll))
     return PromptScore(max(values), sum(values) / len(values), sum(v >= CRITICAL_LEVEL for v in values), len(segs),
                        whole, len(grouped), mean_nll, scored)

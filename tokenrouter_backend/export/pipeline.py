@@ -28,7 +28,7 @@ from tokenrouter_backend.engine.step_timing import step_ms
 
 from . import progress, quantize, router_build, router_prompts, versions
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
-from .repository import EXPORT_REPORT, fill_repository
+from .repository import EXPORT_REPORT, fill_repository, write_report
 from .sources import (
     Source,
     document_end_ids,
@@ -394,9 +394,9 @@ def export_pair(heavy_src, light_src, out, options: ExportOptions = ExportOption
                     work, tokenizer, tok_dir / "tokenizer.json", end_ids, out / "router" / "1",
                     options.device, options.threads, router_build.RouterBuildOptions(options.router_tokens))
             report["router"] = dict(built.router.trained)
-            (out / EXPORT_REPORT).write_text(json.dumps(report, indent=2, default=str) + "\n")
+            write_report(out / EXPORT_REPORT, report)  # again, now with the router's provenance
     else:
-        (work / "export.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        write_report(work / EXPORT_REPORT, report)
     return report
 
 

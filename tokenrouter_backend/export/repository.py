@@ -114,6 +114,10 @@ def fill_repository(template: Path, out: Path, values: dict, branches: dict[str,
     for role, branch_dir in branches.items():
         place_branch(branch_dir, out, role)
     write_key_files(out)  # a fresh per-deployment branch key (core/branch_auth.py)
-    path = out / EXPORT_REPORT
+    return write_report(out / EXPORT_REPORT, report)
+
+
+def write_report(path: Path, report: dict) -> Path:
+    """The export report as JSON (OUT/export.json, or the work dir's with --onnx-only)."""
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return path

@@ -206,7 +206,7 @@ class RouterModel:
         if surprise is None:
             return info, None
         texts = [self.vocab_texts[t] if 0 <= t < len(self.vocab_texts) else "" for t in info.prompt]
-        return dataclasses.replace(info, surprise=TokenSurprise.of(surprise.nll, texts)), surprise
+        return dataclasses.replace(info, surprise=TokenSurprise.on_text(surprise, texts)), surprise
 
     async def _prompt_surprise(self, prompt) -> PromptSurprise | None:
         """The light model's NLL on the prompt's first tokens (request-level routing); None when
