@@ -83,6 +83,11 @@ def test_make_arms_threshold_sweep():
                                                   ("request", {})]
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         make_arms(["fast"], [], ())
+    frontier = make_arms(["router"], [], (), router_thresholds=(0.3, 0.5))
+    assert [a.name for a in frontier] == ["router", "router@0.3", "router@0.5"]
+    assert frontier[1].knobs == {"router_mode": "route", "learned_router": True, "router_threshold": 0.3}
+    with pytest.raises(ValueError, match=r"--router-thresholds: 1.5 is not a P\(disagree\) bar"):
+        make_arms(["router"], [], (), router_thresholds=(1.5,))
 
 
 def test_perf_input_data_shape():

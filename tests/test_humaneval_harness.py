@@ -17,7 +17,8 @@ def test_arms():
     assert Arm.parse("route@0.8").knobs == {"router_mode": "route", "confidence_threshold": 0.8,
                                             "learned_router": False}
     assert Arm.parse("router").knobs["learned_router"] is True and Arm.parse("heavy").knobs == {"router_mode": "heavy"}
-    for bad in ("route@x", "route@3", "fast"):
+    assert Arm.parse("router@0.3").knobs == {"router_mode": "route", "learned_router": True, "router_threshold": 0.3}
+    for bad in ("route@x", "route@3", "fast", "router@1.5", "router@"):
         with pytest.raises(ValueError, match="arm"):
             Arm.parse(bad)
 

@@ -4,7 +4,8 @@ One server logs verify and route requests: route never lets a number or an end t
 unchecked (the default class policy). ``tokenrouter train-router`` trains on the verify
 logs that same server wrote (their light margins included; outcome labels too); a second
 server loads the file (``router_file``) and routes on P(disagree) at half the file's bar
-(conservative start): its decision log carries the router's scores. ~2 min on 2 CPU cores.
+(conservative start): its decision log carries the router's scores, and a request's own bar
+(``router_threshold``) moves what stands unchecked. ~2 min on 2 CPU cores.
 """
 from __future__ import annotations
 
@@ -116,6 +117,17 @@ def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository
         for cls, score in zip(r.token_class[: r.committed_light], r.router_score[: r.committed_light]):
             assert cls not in critical and score <= 0.5 * trained.threshold + 1e-6
     assert sum(s["generated_tokens"] for s in stats) > 0
+    # a request's own bar (router_threshold, under the start's 0.5 scale): 0 lets no draft stand
+    # unchecked, 1 (a bar of 0.5) lets more stand than the file's own; out of range is refused by name
+    def unchecked(**knobs) -> int:
+        return sum(len(text) for p in PROMPTS for kind, text in triton_client.generate_http(
+            url, p, max_tokens=40, router_mode="route", show_routing=True, answer_cache=False, **LOW_BARS,
+            **knobs).stats["routing"]
+            if kind == "u")
+    assert unchecked(router_threshold=0.0) == 0
+    assert unchecked(router_threshold=1.0) > unchecked()
+    with pytest.raises(triton_client.GenerationError, match=r"router_threshold must be in \[0\.0, 1\.0\]"):
+        triton_client.generate_http(url, PROMPTS[0], max_tokens=4, router_mode="route", router_threshold=1.5)
     # --show-routing's runs join to the answer the same response carries
     shown = triton_client.generate_http(url, PROMPTS[0], max_tokens=24, router_mode="route", show_routing=True)
     runs = shown.stats["routing"]

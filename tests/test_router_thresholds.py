@@ -54,18 +54,19 @@ def test_conservative_start_scales_the_router_bar_until_enough_verdicts():
 def test_dynamic_router_threshold_is_the_upper_quantile_of_the_request_scores():
     dyn = DynamicThreshold(DynamicConfig(router_min=0.0, router_max=1.0), 0.25)
     dyn.observe(record(scores=(0.1, 0.2, 0.3)))
-    assert dyn.router_threshold() == -1.0  # before the warm-up: the router's own bar
+    assert dyn.router_threshold(-1.0) == -1.0  # before the warm-up: the router's own bar ...
+    assert dyn.router_threshold(0.3) == 0.3  # ... or the request's
     scores = np.linspace(0.02, 0.4, 20)
     dyn.observe(record(scores=tuple(scores)))
     seen = np.concatenate([[0.1, 0.2, 0.3], scores])
-    assert dyn.router_threshold() == pytest.approx(np.quantile(seen, 0.75))
-    assert np.mean(seen > dyn.router_threshold()) == pytest.approx(0.25, abs=0.05)  # ~q go to heavy
+    assert dyn.router_threshold(-1.0) == pytest.approx(np.quantile(seen, 0.75))
+    assert np.mean(seen > dyn.router_threshold(-1.0)) == pytest.approx(0.25, abs=0.05)  # ~q go to heavy
     clipped = DynamicThreshold(DynamicConfig(router_min=0.01, router_max=0.2), 0.25)
     clipped.observe(record(scores=tuple(scores)))
-    assert clipped.router_threshold() == 0.2
+    assert clipped.router_threshold(-1.0) == 0.2
     off = DynamicThreshold(DynamicConfig(), 0.0)
     off.observe(record(scores=(0.3,) * (2 * DYNAMIC_WARMUP)))
-    assert off.router_threshold() == -1.0
+    assert off.router_threshold(-1.0) == -1.0 and off.router_threshold(0.4) == 0.4
 
 
 def test_route_thresholds_fill_the_params_and_the_gate_applies_them():
@@ -87,6 +88,31 @@ def test_route_thresholds_fill_the_params_and_the_gate_applies_them():
     assert gate.decide(*args, later, RouteContext(), frozenset()).stand == 0
     assert route_thresholds(params, ConservativeStart(ConservativeConfig(), 0.7),
                             DynamicThreshold(DynamicConfig(), 0.0)) is params  # nothing moves: unchanged
+
+
+def test_a_request_sets_its_own_router_bar_which_the_start_scales_and_a_dynamic_bar_replaces():
+    asked = ROUTE.request_params({"router_mode": "route", "router_threshold": 0.4})
+    assert asked.router_threshold == pytest.approx(0.4)
+    assert ROUTE.request_params({"router_mode": "route"}).router_threshold == -1.0  # not asked: the file's
+    router = confidence_router(threshold=0.05)
+    gate = RouteGate(LAX, None, router)
+    probs = np.array([0.99, 0.85, 0.2])  # P(disagree) 0.0187, 0.0323, 0.31
+    args = (None, [1, 2, 3], probs, np.zeros(3), 0)
+    assert gate.decide(*args, asked, RouteContext(), frozenset()).stand == 3  # 0.31 <= 0.4
+    zero = ROUTE.request_params({"router_mode": "route", "router_threshold": 0.0})
+    assert gate.decide(*args, zero, RouteContext(), frozenset()).stand == 0
+    start = ConservativeStart(ConservativeConfig(start=True, router_scale=0.5, router_verdicts=100), 0.7)
+    held = route_thresholds(asked, start, DynamicThreshold(DynamicConfig(), 0.0))
+    assert held.router_threshold == pytest.approx(0.4) and router_bar(router, held) == pytest.approx(0.2)
+    dyn = DynamicThreshold(DynamicConfig(router_min=0.0, router_max=1.0), 0.5)
+    dyn.observe(record(scores=(0.01,) * DYNAMIC_WARMUP))
+    assert route_thresholds(asked, ConservativeStart(ConservativeConfig(), 0.7), dyn).router_threshold == 0.01
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
+def test_a_router_threshold_out_of_range_names_the_input(value):
+    with pytest.raises(InvalidRequest, match=r"router_threshold must be (a number )?in \[0\.0, 1\.0\]"):
+        ROUTE.request_params({"router_mode": "route", "router_threshold": value})
 
 
 @pytest.mark.parametrize("params, message", [

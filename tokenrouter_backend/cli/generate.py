@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollback-threshold", type=float, default=None)
     p.add_argument("--rollback-window", type=int, default=None)
     p.add_argument("--draft-confidence-threshold", type=float, default=None)
+    p.add_argument("--router-threshold", type=float, default=None,
+                   help="route with a learned router: P(heavy would disagree) at or below which a draft stands, "
+                        "in [0, 1] (default: the router file's own)")
     p.add_argument("--stop", dest="stop_words", action="append", default=None,
                    help="stop string, matched on the generated text (repeatable)")
     p.add_argument("--end-id", type=int, default=None)
@@ -40,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 KNOB_ARGS = ("max_tokens", "router_mode", "temperature", "top_k", "top_p", "random_seed", "block_size",
              "block_schedule", "confidence_threshold", "entropy_threshold", "rollback_threshold",
-             "rollback_window", "draft_confidence_threshold", "stop_words", "end_id")
+             "rollback_window", "draft_confidence_threshold", "router_threshold", "stop_words", "end_id")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 Arms through Triton (gRPC streaming, single stream): ``heavy``, ``light``, ``verify``,
 ``route@T`` for each confidence threshold T (the confidence rule: ``learned_router`` false,
 so a server's learned router does not replace it), ``router`` (route with the server's
-learned router) and ``request`` (no ``router_mode``: the server decides; with
+learned router; ``router@T`` with the request bar ``router_threshold`` T for each of
+``--router-thresholds``) and ``request`` (no ``router_mode``: the server decides; with
 ``request_policy`` true and ``ab_route_percent`` 0 that is request-level routing for every
 such request, and its records carry the mode it chose); in-process peers on the same pair
 (see ``peers.py``). Arms run INTERLEAVED prompt by prompt (arm order rotated per prompt), so
@@ -40,7 +41,10 @@ WARMUP_TOKENS = 4
 REQUEST_TIMEOUT_S = 900.0
 
 
-def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, ...]) -> list[Arm]:
+def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, ...],
+              router_thresholds: tuple[float, ...] = ()) -> list[Arm]:
+    """The arms of a run; ``router`` also gives ``router@T`` per learned-router bar T (request
+    input ``router_threshold``: the router's own frontier beside the confidence rule's)."""
     arms = []
     for mode in modes:
         if mode == "route":
@@ -48,6 +52,11 @@ def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, .
                                                      "learned_router": False}) for t in thresholds]
         elif mode == "router":
             arms.append(Arm("router", "triton", {"router_mode": "route", "learned_router": True}))
+            for t in router_thresholds:
+                if not 0.0 <= t <= 1.0:
+                    raise ValueError(f"--router-thresholds: {t:g} is not a P(disagree) bar in [0, 1]")
+                arms.append(Arm(f"router@{t:g}", "triton", {"router_mode": "route", "learned_router": True,
+                                                             "router_threshold": t}))
         elif mode == "request":
             arms.append(Arm("request", "triton", {}))
         elif mode not in TRITON_MODES:
@@ -148,6 +157,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default=",".join(TRITON_MODES),
                    help=f"Triton arms, comma list of {', '.join(TRITON_MODES + EXTRA_MODES)} (default: %(default)s)")
     p.add_argument("--thresholds", default=None, help=f"route thresholds (default {DEFAULT_THRESHOLDS})")
+    p.add_argument("--router-thresholds", default="",
+                   help="with the router mode: also router@T arms at these learned-router bars (P(disagree) in [0, 1])")
     p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="2 prompts per workload, one route threshold")
@@ -196,7 +207,8 @@ def execute(args, url: str | None, log=print) -> dict:
                              per_workload=args.per_workload)
     peers = _load_peers(args, log)
     peer_arms = tuple(_csv(args.peer_arms)) if (peers and args.peer_arms) else (peers.arms() if peers else ())
-    arms = make_arms(_csv(args.modes) if url else [], _thresholds(args), peer_arms)
+    arms = make_arms(_csv(args.modes) if url else [], _thresholds(args), peer_arms,
+                     tuple(float(t) for t in _csv(args.router_thresholds)))
     if not arms:
         raise SystemExit("nothing to run: give --url/--repo and/or --heavy")
     log(f"{len(prompts)} prompts x {len(arms)} arms: {', '.join(a.name for a in arms)}")

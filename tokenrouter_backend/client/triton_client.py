@@ -16,7 +16,8 @@ import numpy as np
 MODEL = "tokenrouter"
 KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window")
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
-               "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile")
+               "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
+               "router_threshold")
 KNOBS_STR = ("router_mode", "block_schedule")
 KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "answer_cache", "show_routing", "learned_router")
 

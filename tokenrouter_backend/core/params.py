@@ -98,8 +98,9 @@ class RouterParams:
     light_kv_window: int = 0  # light branch KV window (0 = the whole sequence)
     answer_cache: bool = True  # an earlier answer to the same prompt may be drafted (decision cache)
     margin_threshold: float = 0.0  # route, confidence rule: top-1 minus top-2 probability needed (server-wide)
-    # set per block by operations (not request inputs): the learned router's P(disagree) bar
-    router_threshold: float = -1.0  # dynamic threshold; < 0 = the router file's (or config router_threshold)
+    # the learned router's P(disagree) bar: the request's input, replaced per block by a dynamic one
+    router_threshold: float = -1.0  # < 0 = the router file's (or config router_threshold)
+    # set per block by operations (not a request input)
     router_scale: float = 1.0  # < 1 while the conservative start holds the router stricter
 
     @classmethod
@@ -139,7 +140,13 @@ class RouterParams:
             light_kv_window=_light_window(d, mode, given.get("light_kv_window")),
             answer_cache=_bool("answer_cache", pick("answer_cache", True)),
             margin_threshold=_float_in("margin_threshold", d.margin_threshold, 0.0, 1.0),
+            router_threshold=_router_threshold(given.get("router_threshold")),
         )
+
+
+def _router_threshold(asked: Any) -> float:
+    """The request's learned-router bar: P(disagree) in [0, 1], or -1 (not asked: the router's own)."""
+    return -1.0 if asked is None else _float_in("router_threshold", asked, 0.0, 1.0)
 
 
 def _light_window(d: RouterDefaults, mode: Mode, asked: Any) -> int:

@@ -45,6 +45,8 @@ class RouterKnobs(BaseModel):
     ngram_drafts: Optional[bool] = None
     light_kv_window: Optional[int] = None
     answer_cache: Optional[bool] = None
+    learned_router: Optional[bool] = None
+    router_threshold: Optional[float] = None
 
 
 ROUTER_KNOBS = tuple(RouterKnobs.model_fields)

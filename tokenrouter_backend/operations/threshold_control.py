@@ -137,19 +137,21 @@ class DynamicThreshold:
         return min(self.config.max, max(self.config.min, q))
 
 
-    def router_threshold(self) -> float:
-        """The request's P(disagree) bar, or -1 (the router's own) before enough scores."""
+    def router_threshold(self, static: float) -> float:
+        """The request's P(disagree) bar; ``static`` (the request's own, or -1: the router's)
+        while off or before enough scores."""
         if self.quantile <= 0 or len(self.scores) < DYNAMIC_WARMUP:
-            return -1.0
+            return static
         q = float(np.quantile(np.asarray(self.scores), 1.0 - self.quantile))
         return min(self.config.router_max, max(self.config.router_min, q))
 
 
 def route_thresholds(params: RouterParams, conservative: ConservativeStart, dynamic: DynamicThreshold) -> RouterParams:
     """A route block's thresholds: confidence (dynamic, then the conservative floor) and the
-    learned router's bar (dynamic P(disagree), then the conservative scale)."""
+    learned router's bar (dynamic P(disagree), else the request's ``router_threshold``; then
+    the conservative scale)."""
     threshold = conservative.floor(dynamic.threshold(params.confidence_threshold))
-    router_threshold, router_scale = dynamic.router_threshold(), conservative.router_scale
+    router_threshold, router_scale = dynamic.router_threshold(params.router_threshold), conservative.router_scale
     if (threshold, router_threshold, router_scale) == (params.confidence_threshold, params.router_threshold,
                                                        params.router_scale):
         return params

@@ -35,6 +35,7 @@ OPTIONAL_INPUTS = {
     "ngram_drafts": "ngram_drafts",
     "light_kv_window": "light_kv_window",
     "answer_cache": "answer_cache",
+    "router_threshold": "router_threshold",
 }
 PROMPT_INPUT = "INPUT_ID"
 STOP_INPUT = "STOP_IDS"
