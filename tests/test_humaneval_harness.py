@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tokenrouter_backend.client.humaneval import RESPONSE_PREFIX, Arm, chat_program, chat_prompt, passed
-from tokenrouter_backend.client.humaneval_report import markdown, summary
+from tokenrouter_backend.client.humaneval_report import markdown, plot_frontier, summary
 from tokenrouter_backend.client.workloads import humaneval_problems
 
 
@@ -50,6 +50,16 @@ def test_summary_counts_only_problems_every_arm_finished():
     assert rows["route@0.8"]["x_heavy"] == pytest.approx((20 / 1.5) / (20 / 4.0))
     assert rows["route@0.8"]["exact_vs_heavy"] == 0.5 and rows["route@0.8"]["light_share"] == pytest.approx(0.85)
     assert "| raw | route@0.8 | 2 | 100.0% |" in markdown(summary(rec))
+
+
+def test_frontier_plot_is_written_for_records_with_a_heavy_arm(tmp_path):
+    rec = [dict(task_id=t, format="raw", arm=a, tokens=10, latency_s=s, light_tokens=lt, heavy_calls=1,
+                passed=p, text=x, error="")
+           for t, a, s, lt, p, x in [("A", "heavy", 2.0, 0, True, "x"), ("A", "router@0.3", 1.0, 8, True, "x"),
+                                      ("A", "router@0.5", 0.8, 9, False, "y"), ("A", "router", 1.2, 7, True, "x")]]
+    png = tmp_path / "frontier.png"
+    assert plot_frontier(summary(rec), png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not plot_frontier(summary([r for r in rec if r["arm"] != "heavy"]), tmp_path / "none.png")
 
 
 def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(problem, monkeypatch, tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenrouter_backend.client.humaneval import FORMATS, Arm
 from tokenrouter_backend.client.humaneval import run as run_problems
-from tokenrouter_backend.client.humaneval_report import markdown, read_records, summary
+from tokenrouter_backend.client.humaneval_report import markdown, plot_frontier, read_records, summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model repository: its tokenizer's chat template (needed for the chat format)")
     p.add_argument("--out", type=Path, required=True, help="records file (JSON lines, appended)")
     p.add_argument("--summary-only", action="store_true", help="only print the table of --out's records")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="also write this PNG: pass@1 and exact match with heavy against tokens/s x heavy, per arm")
 
 
 def _range(text: str) -> slice:
@@ -52,5 +54,8 @@ def run(args: argparse.Namespace) -> int:
             render = ChatTemplate(args.repo / TOKENIZER_DIR).render
         from tokenrouter_backend.client.workloads import humaneval_problems  # noqa: PLC0415
         run_problems(args.url, humaneval_problems()[problems_slice], formats, arms, args.max_tokens, render, args.out)
-    print(markdown(summary(read_records(args.out))))
+    rows = summary(read_records(args.out))
+    print(markdown(rows))
+    if args.plot is not None:
+        print(f"wrote {args.plot}" if plot_frontier(rows, args.plot) else "no plot: the records have no heavy arm")
     return 0

@@ -47,6 +47,42 @@ def summary(records: Iterable[dict]) -> list[dict]:
     return rows
 
 
+def plot_frontier(rows: list[dict], path: Path) -> bool:
+    """PNG per format: pass@1 and exact match with heavy against tokens/s x heavy, one point
+    per arm (swept arms ``name@T`` joined by a line). False when there is no heavy arm."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    formats = sorted({r["format"] for r in rows if r["x_heavy"] is not None})
+    if not formats:
+        return False
+    fig, axes = plt.subplots(len(formats), 2, figsize=(11, 4.2 * len(formats)), squeeze=False)
+    for row_axes, fmt in zip(axes, formats):
+        pts = [r for r in rows if r["format"] == fmt]
+        for ax, key, label in ((row_axes[0], "pass_at_1", "pass@1"),
+                               (row_axes[1], "exact_vs_heavy", "answers identical to heavy's")):
+            for prefix in sorted({r["arm"].split("@")[0] for r in pts if "@" in r["arm"]}):
+                swept = sorted((r for r in pts if r["arm"].startswith(prefix + "@")),
+                               key=lambda r: float(r["arm"].split("@")[1]))
+                ax.plot([r["x_heavy"] for r in swept], [r[key] for r in swept], "o-", label=f"{prefix}@T")
+                for r in swept:
+                    ax.annotate(r["arm"].split("@")[1], (r["x_heavy"], r[key]), textcoords="offset points",
+                                xytext=(4, 4), fontsize=8)
+            for r in pts:
+                if "@" not in r["arm"] and r[key] is not None:
+                    ax.plot(r["x_heavy"], r[key], "s", label=r["arm"])
+            ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+            ax.set_xlabel("tokens/s x heavy (total tokens / total time)")
+            ax.set_ylabel(label)
+            ax.set_title(f"HumanEval {fmt}, {pts[0]['n']} problems", fontsize=9)
+            ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| format | arm | n | pass@1 | tok/s | × heavy | light share | exact vs heavy |",
              "|---|---|---|---|---|---|---|---|"]

@@ -84,15 +84,16 @@ def plot_frontier(results: dict, path: Path) -> bool:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key, label in ((axes[0], "token_agreement", "token agreement with heavy-only"),
                            (axes[1], "nll", "heavy-model NLL (nats/token, lower is better)")):
-        route = sorted((a for a in pts if a.startswith("route@")), key=lambda a: float(a.split("@")[1]))
-        xs = [pts[a]["speedup"][SPEED_BASELINE]["median"] for a in route]
-        ys = [pts[a][key] for a in route]
-        if route and all(y is not None for y in ys):
-            ax.plot(xs, ys, "o-", label="route (threshold)")
-            for a, x, y in zip(route, xs, ys):
-                ax.annotate(a.split("@")[1], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for prefix, series in (("route@", "route (confidence threshold)"), ("router@", "learned router (bar)")):
+            swept = sorted((a for a in pts if a.startswith(prefix)), key=lambda a: float(a.split("@")[1]))
+            xs = [pts[a]["speedup"][SPEED_BASELINE]["median"] for a in swept]
+            ys = [pts[a][key] for a in swept]
+            if swept and all(y is not None for y in ys):
+                ax.plot(xs, ys, "o-", label=series)
+                for a, x, y in zip(swept, xs, ys):
+                    ax.annotate(a.split("@")[1], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         for a in pts:
-            if not a.startswith("route@") and pts[a][key] is not None:
+            if "@" not in a and pts[a][key] is not None:
                 ax.plot(pts[a]["speedup"][SPEED_BASELINE]["median"], pts[a][key], "s", label=a)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("median paired speedup vs heavy (tokens/s)")
