@@ -38,10 +38,15 @@ def test_parse_params_defaults_and_errors(glue):
     assert (p.onnx_dir, p.device, p.intra_op_threads) == (".", "cpu", 2)
     assert (p.engine.max_draft_len, p.engine.session_ttl_s, p.engine.kv_cache_budget_mb) == (8, 30.0, 64.0)
     assert glue.parse_params({}, "heavy").engine == glue.EngineConfig()
+    assert glue.parse_params({}, "heavy").threading == glue.OrtThreading()
+    shy = glue.parse_params({"intra_op_spinning": "false", "dynamic_block_base": "4"}, "heavy").threading
+    assert (shy.spinning, shy.dynamic_block_base) == (False, 4)
     bad = [({"device": "${heavy_device}"}, r"heavy: parameter 'device' is the unfilled placeholder"),
            ({"intra_op_threads": "two"}, r"'intra_op_threads' must be a int, got 'two'"),
            ({"max_draft_len": "-1"}, r"'max_draft_len' must be >= 0"),
            ({"device": "tpu"}, r"'device' must be one of cpu, cuda, tensorrt, got 'tpu'"),
+           ({"intra_op_spinning": "maybe"}, r"'intra_op_spinning' must be true or false, got 'maybe'"),
+           ({"dynamic_block_base": "-2"}, r"'dynamic_block_base' must be >= 0"),
            ({"colour": "red"}, r"unknown parameter 'colour'")]
     for raw, msg in bad:
         with pytest.raises(ValueError, match=msg):

@@ -94,3 +94,18 @@ def test_consolidated_external_data_runs_the_same(lm, tiny_export, tmp_path):
     expected, _ = _single(lm, [1, 2, 3])
     got, _ = _single(OnnxCausalLM(final), [1, 2, 3])
     np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_threading_knobs_reach_the_session_and_leave_outputs_alone(lm, tiny_export):
+    from tokenrouter_backend.engine.onnx_lm import OrtThreading
+
+    out, _ = tiny_export
+    shy = OnnxCausalLM(out / "heavy" / "1", intra_op_threads=2,
+                       threading=OrtThreading(spinning=False, dynamic_block_base=4))
+    opts = shy.session.get_session_options()
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert opts.get_session_config_entry("session.dynamic_block_base") == "4"
+    default = lm.session.get_session_options()
+    assert default.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    ids = [10, 20, 30, 40]
+    np.testing.assert_allclose(_single(shy, ids)[0], _single(lm, ids)[0], atol=TOL)

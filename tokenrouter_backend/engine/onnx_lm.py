@@ -75,10 +75,32 @@ def providers_for(device: str) -> list:
     raise ValueError(f"device must be one of cpu, cuda, tensorrt; got {device!r}")
 
 
+@dataclass(frozen=True)
+class OrtThreading:
+    """How a session's intra-op threads behave when another process wants the same cores.
+
+    ``spinning``: idle workers busy-wait for the next parallel section (ONNX Runtime's
+    default; fastest when the session has the cores to itself, wasteful when another
+    branch's forward runs at the same time). ``dynamic_block_base``: > 0 lets threads take
+    work in shrinking blocks instead of one equal share each, so a thread that lost its
+    core to another process does not hold the whole operator up (0 = ORT's static split).
+    """
+
+    spinning: bool = True
+    dynamic_block_base: int = 0
+
+    def session_entries(self) -> dict[str, str]:
+        entries = {"session.intra_op.allow_spinning": "1" if self.spinning else "0"}
+        if self.dynamic_block_base > 0:
+            entries["session.dynamic_block_base"] = str(self.dynamic_block_base)
+        return entries
+
+
 class OnnxCausalLM:
     """An ONNX Runtime session over an exported model directory."""
 
-    def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", intra_op_threads: int = 0):
+    def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", intra_op_threads: int = 0,
+                 threading: OrtThreading | None = None):
         import onnxruntime as ort
 
         model_dir = Path(model_dir)
@@ -88,6 +110,8 @@ class OnnxCausalLM:
         if intra_op_threads > 0:
             opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
+        for key, value in (threading or OrtThreading()).session_entries().items():
+            opts.add_session_config_entry(key, value)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(
             str(model_dir / MODEL_FILE), sess_options=opts, providers=providers_for(device)

@@ -19,6 +19,7 @@ from tokenrouter_backend.core.branch_auth import BranchGuard, load_key
 from tokenrouter_backend.core.branch_protocol import encode_error, op_from_arrays, result_to_arrays
 from tokenrouter_backend.core.params import parse_config_value
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.engine.onnx_lm import OrtThreading
 from tokenrouter_backend.operations.metrics import SumCount
 from tokenrouter_backend.serving.tensors import config_parameters
 
@@ -37,6 +38,7 @@ class BranchParams:
     onnx_dir: str = "."  # relative to the version directory: where model.onnx/model.json live
     device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider; torch: cpu | cuda)
     intra_op_threads: int = 0  # ONNX Runtime threads; 0 = its default (all cores)
+    threading: OrtThreading = field(default_factory=OrtThreading)  # spinning, dynamic blocks (onnx runtime)
     runtime: str = "onnx"  # onnx | torch
     hf_dir: str = "hf"  # torch runtime: HF folder (config.json + safetensors), relative to the version dir
     dtype: str = "auto"  # torch runtime: auto | float16 | float32 | bfloat16
@@ -45,7 +47,8 @@ class BranchParams:
 
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
-    known = {"onnx_dir", "device", "intra_op_threads", "max_draft_len", "session_ttl_s",
+    known = {"onnx_dir", "device", "intra_op_threads", "intra_op_spinning", "dynamic_block_base",
+             "max_draft_len", "session_ttl_s",
              "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
              "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens"}
     for key, value in raw.items():
@@ -94,8 +97,11 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
         kv_sink_tokens=num("kv_sink_tokens", int, d.kv_sink_tokens, 0),
     )
+    t = OrtThreading()
+    threading = OrtThreading(spinning=flag("intra_op_spinning", t.spinning),
+                             dynamic_block_base=num("dynamic_block_base", int, t.dynamic_block_base, 0))
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
-                        intra_op_threads=num("intra_op_threads", int, 0, 0), runtime=runtime,
+                        intra_op_threads=num("intra_op_threads", int, 0, 0), threading=threading, runtime=runtime,
                         hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
 
 
@@ -109,7 +115,8 @@ def load_model(params: BranchParams, version_dir: Path):
     from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM  # onnxruntime is heavy: import when a model loads
 
     model_dir = (version_dir / params.onnx_dir).resolve()
-    return OnnxCausalLM(model_dir, device=params.device, intra_op_threads=params.intra_op_threads), model_dir
+    return OnnxCausalLM(model_dir, device=params.device, intra_op_threads=params.intra_op_threads,
+                        threading=params.threading), model_dir
 
 
 def _family(name: str, description: str, kind):
