@@ -45,12 +45,12 @@ def set_router_params(repo: Path, **params) -> None:
     cfg.write_text(text)
 
 
-def scrape(url: str) -> dict:
-    """{(name, labels string): value} of the tokenrouter_router_ lines."""
+def scrape(url: str, prefix: str = "tokenrouter_router_") -> dict:
+    """{(name, labels string): value} of the lines whose metric starts with prefix."""
     body = urllib.request.urlopen(url, timeout=10).read().decode()
     out = {}
     for line in body.splitlines():
-        m = re.match(r"(tokenrouter_router_\w+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+        m = re.match(rf"({prefix}\w+)(\{{[^}}]*\}})? ([0-9.e+-]+)$", line)
         if m:
             out[(m.group(1), m.group(2) or "")] = float(m.group(3))
     return out
@@ -87,6 +87,14 @@ def test_metrics_add_up_and_switch(repository, start_triton, tmp_path):
         assert total(metrics, "tokenrouter_router_branch_calls_total", branch=branch) == \
             sum(s[f"{branch}_calls"] for s in stats)
     assert total(metrics, "tokenrouter_router_e2e_ms_count") == len(PROMPTS)
+    # share_cores (auto: on, cpu): every forward of each branch took its turn on the cores
+    # or, past core_wait_ms, ran beside the other branch's
+    branch = scrape(server.metrics_url, prefix="tokenrouter_branch_")
+    for name in ("light", "heavy"):
+        forwards = total(branch, "tokenrouter_branch_forward_ms_count", branch=name)
+        turns = total(branch, "tokenrouter_branch_core_turns_total", branch=name)
+        assert forwards > 0 and turns > 0, name
+        assert turns + total(branch, "tokenrouter_branch_core_overlaps_total", branch=name) == forwards, name
     # roll-back switch: route -> heavy without restart, and back
     override.write_text(json.dumps({"mode": "heavy"}))
     time.sleep(0.2)

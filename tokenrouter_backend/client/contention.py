@@ -4,16 +4,20 @@ Spawns one process per branch of an exported repository; each loads its ``OnnxCa
 with the given thread count, caches ``--past`` positions and runs ``forward`` over
 ``--heavy-new`` / ``--light-new`` tokens in a loop for ``--seconds`` (batch 1), optionally
 taking a file lock around each forward (serialized). Reports forwards/s and the median
-ms per case, and each branch's share of its own rate alone at ``--threads`` (the first
-case, always run). The cases (``--cases``, names below with T = ``--threads``):
+ms per case, and each branch's share of its own rate alone at ``--threads`` (always
+measured first). A case (``--case``, repeatable) is written
 
-- ``alone`` / ``alone-1t``: each branch by itself at T threads / 1 thread;
-- ``together`` / ``together-1+1`` / ``together-T+1``: both at once at T+T, 1+1, T+1;
-- ``serialized``: T+T, each forward under one file lock;
-- ``nospin`` / ``nospin-dyn``: T+T with thread spinning off (and dynamic blocks,
-  ``--dynamic-block-base``), and ``alone-nospin`` / ``alone-nospin-dyn``: each alone so.
+- ``H+L``: both branches at once, heavy with thread spec H and light with L;
+- ``H+L/lock``: the same with each forward under one file lock (serialized);
+- ``alone:S``: each branch by itself with spec S.
 
-    python -m tokenrouter_backend.client.contention --repo REPO [--cases ...] [--seconds 20] [--out FILE]
+A spec is a thread count, then ``n`` for thread spinning off, ``s`` for spinning stopped
+when a forward ends, ``d<N>`` for dynamic blocks of base N (``OrtThreading``): ``2``, ``1``,
+``2n``, ``2s``, ``2d4``, ``2nd4``. Under ``/lock`` each branch pauses ``LOCK_GAP_S``
+after a forward (the server's own bookkeeping between forwards), so the lock can change hands. Default cases:
+alone at 1 thread, T+T, 1+1, T+1, T+T serialized, Tn+Tn, Tnd4+Tnd4, alone at Tn and Tnd4.
+
+    python -m tokenrouter_backend.client.contention --repo REPO [--case 2d4+1 ...] [--seconds 20] [--out FILE]
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import fcntl
 import json
 import multiprocessing as mp
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,6 +35,8 @@ import numpy as np
 
 from tokenrouter_backend.core.names import HEAVY, LIGHT
 from tokenrouter_backend.engine.onnx_lm import OrtThreading
+
+LOCK_GAP_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ def _loop(repo: str, w: Worker, past_len: int, seconds: float, lock_path: str | 
         times.append((time.perf_counter() - t0) * 1e3)
         if lock:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            time.sleep(LOCK_GAP_S)
     results.put((w.role, len(times) / seconds, float(np.median(times))))
 
 
@@ -92,31 +100,37 @@ def run_case(repo: str, workers: list[Worker], past_len: int, seconds: float,
     return out
 
 
-CASES = ("alone", "alone-1t", "together", "together-1+1", "together-T+1", "serialized",
-         "nospin", "nospin-dyn", "alone-nospin", "alone-nospin-dyn")
+SPEC = re.compile(r"^(\d+)(n?)(s?)(?:d(\d+))?$")
+CASE = re.compile(r"^(?:alone:(?P<alone>[^+/]+)|(?P<heavy>[^+/]+)\+(?P<light>[^+/]+)(?P<lock>/lock)?)$")
 
 
-def _cases(names: list[str], t: int, heavy_new: int, light_new: int, dyn: int):
-    """(name, workers, serialized) per case name; ``alone`` first (the shares' reference)."""
-    def pair(ht, lt, threading=None):
-        threading = threading or OrtThreading()
-        return [Worker(HEAVY, ht, heavy_new, threading), Worker(LIGHT, lt, light_new, threading)]
+def parse_spec(spec: str) -> tuple[int, OrtThreading]:
+    """'2nd4' -> (2 threads, spinning off, dynamic block base 4); ValueError naming the spec."""
+    m = SPEC.match(spec)
+    if not m or int(m.group(1)) < 1:
+        raise ValueError(f"thread spec {spec!r}: expected <threads>[n][s][d<base>], e.g. 2, 1, 2n, 2s, 2d4, 2nd4")
+    return int(m.group(1)), OrtThreading(spinning=not m.group(2), spin_between_runs=not m.group(3),
+                                         dynamic_block_base=int(m.group(4) or 0))
 
-    nospin, nospin_dyn = OrtThreading(spinning=False), OrtThreading(spinning=False, dynamic_block_base=dyn)
-    table = {
-        "alone": [(f"alone {t}t", [w], False) for w in pair(t, t)],
-        "alone-1t": [("alone 1t", [w], False) for w in pair(1, 1)],
-        "together": [(f"together {t}+{t}", pair(t, t), False)],
-        "together-1+1": [("together 1+1", pair(1, 1), False)],
-        "together-T+1": [(f"together {t}+1", pair(t, 1), False)],
-        "serialized": [(f"together {t}+{t} serialized", pair(t, t), True)],
-        "nospin": [(f"together {t}+{t} no spinning", pair(t, t, nospin), False)],
-        "nospin-dyn": [(f"together {t}+{t} no spinning, dynamic blocks {dyn}", pair(t, t, nospin_dyn), False)],
-        "alone-nospin": [(f"alone {t}t no spinning", [w], False) for w in pair(t, t, nospin)],
-        "alone-nospin-dyn": [(f"alone {t}t no spinning, dynamic blocks {dyn}", [w], False)
-                             for w in pair(t, t, nospin_dyn)],
-    }
-    return [case for name in ["alone"] + [n for n in names if n != "alone"] for case in table[name]]
+
+def parse_case(case: str, heavy_new: int, light_new: int) -> list[tuple[str, list[Worker], bool]]:
+    """One --case as (name, workers, serialized) runs: 'alone:S' is one run per branch."""
+    m = CASE.match(case)
+    if not m:
+        raise ValueError(f"case {case!r}: expected H+L, H+L/lock or alone:S")
+
+    def worker(role, spec):
+        threads, threading = parse_spec(spec)
+        return Worker(role, threads, heavy_new if role == HEAVY else light_new, threading)
+
+    if m.group("alone"):
+        return [(f"alone {m.group('alone')}", [worker(role, m.group("alone"))], False) for role in (HEAVY, LIGHT)]
+    return [(case, [worker(HEAVY, m.group("heavy")), worker(LIGHT, m.group("light"))], bool(m.group("lock")))]
+
+
+def default_cases(t: int) -> list[str]:
+    return ["alone:1", f"{t}+{t}", "1+1", f"{t}+1", f"{t}+{t}/lock", f"{t}n+{t}n", f"{t}nd4+{t}nd4",
+            f"alone:{t}n", f"alone:{t}nd4"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,23 +142,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--light-new", type=int, default=1, help="tokens per light forward (default 1)")
     ap.add_argument("--past", type=int, default=256, help="cached positions (default 256)")
     ap.add_argument("--seconds", type=float, default=20.0, help="loop time per case (default 20)")
-    ap.add_argument("--cases", default=",".join(CASES),
-                    help=f"comma-separated, from {', '.join(CASES)} (default: all)")
-    ap.add_argument("--dynamic-block-base", type=int, default=4,
-                    help="dynamic block base of the *-dyn cases (default 4)")
+    ap.add_argument("--case", action="append", dest="cases",
+                    help="H+L, H+L/lock or alone:S with thread specs like 2, 1, 2n, 2d4 (repeatable; "
+                         "default: a standard set)")
     ap.add_argument("--out", help="JSON lines file for the cases")
     a = ap.parse_args(argv)
-    names = [n for n in a.cases.split(",") if n]
-    unknown = sorted(set(names) - set(CASES))
-    if unknown:
-        ap.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(CASES)})")
     t = a.threads
+    reference = f"alone {t}"
+    try:
+        runs = [run for case in [f"alone:{t}"] + (a.cases or default_cases(t))
+                for run in parse_case(case, a.heavy_new, a.light_new)]
+    except ValueError as exc:
+        ap.error(f"--case: {exc}")
     alone: dict[str, float] = {}
     rows = []
-    for name, workers, serialized in _cases(names, t, a.heavy_new, a.light_new, a.dynamic_block_base):
+    for name, workers, serialized in runs:
         res = run_case(a.repo, workers, a.past, a.seconds, serialized)
         for role, r in res.items():
-            if name == f"alone {t}t":
+            if name == reference:
                 alone[role] = r["forwards_per_s"]
             r["share"] = round(r["forwards_per_s"] / alone[role], 3) if alone.get(role) else None
         row = {"case": name, **res}

@@ -7,7 +7,8 @@ short ops share a forward, a long prompt is fed alone in chunks, so one forward'
 activations stay bounded — then batched one-token forwards for the ops still drafting.
 The LM head runs only on the positions an op asks for (``score_last``: a prefill needs its
 last position, a verify its drafts). One op's failure (bad keep_len, missing session, too
-long, KV budget full) fails only that op.
+long, KV budget full) fails only that op. With ``turns`` (``core_turns.CoreTurns``) each
+forward waits its turn on the CPU cores; the forward's own time excludes that wait.
 Framework-free: the model is anything with ``info`` (``ModelInfo``) and ``forward`` like
 ``OnnxCausalLM`` (or ``torch_lm.TorchCausalLM``); a model with ``kv_arrays`` keeps the
 store's KV buffers in that array kind (torch tensors on its device), else numpy.
@@ -15,6 +16,7 @@ store's KV buffers in that array kind (torch tensors on its device), else numpy.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +24,7 @@ import numpy as np
 from tokenrouter_backend.core import sampling as smp
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult
 from tokenrouter_backend.engine import kv_window
+from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.kv_store import KVShape, KVStore, Session
 from tokenrouter_backend.engine.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache
 
@@ -100,8 +103,9 @@ class BranchEngine:
     """Runs lists of ``BranchOp`` on one model and its KV store."""
 
     def __init__(self, model, store: KVStore | None = None, config: EngineConfig = EngineConfig(),
-                 name: str = "branch"):
+                 name: str = "branch", turns: CoreTurns | None = None):
         self.model = model
+        self.turns = turns  # forwards take turns on the cores with the other branch (None: never wait)
         self.config = config
         self.name = name
         self.max_len = model.info.max_position_embeddings
@@ -296,9 +300,10 @@ class BranchEngine:
         # padded new positions continue the row's count, clipped to the model's range
         position_ids = np.minimum(seq[:, None] + np.arange(new_len)[None, :], self.max_len - 1)
         past = self.store.gather(sessions) if past_len else self.model.empty_past(batch)
-        t0 = time.perf_counter()
-        logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions)
-        ms = (time.perf_counter() - t0) * 1e3
+        with self.turns.turn() if self.turns is not None else nullcontext():
+            t0 = time.perf_counter()  # after the turn: forward_ms is the forward's own cost
+            logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions)
+            ms = (time.perf_counter() - t0) * 1e3
         tokens = batch * new_len
         self.last_batch_sizes.append(batch)
         self.last_forward_ms.append(ms)

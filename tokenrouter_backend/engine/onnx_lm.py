@@ -84,13 +84,18 @@ class OrtThreading:
     branch's forward runs at the same time). ``dynamic_block_base``: > 0 lets threads take
     work in shrinking blocks instead of one equal share each, so a thread that lost its
     core to another process does not hold the whole operator up (0 = ORT's static split).
+    ``spin_between_runs`` false: workers stop spinning when a forward ends, so the cores are
+    free at once for whoever runs next (another branch's forward).
     """
 
     spinning: bool = True
     dynamic_block_base: int = 0
+    spin_between_runs: bool = True
 
     def session_entries(self) -> dict[str, str]:
         entries = {"session.intra_op.allow_spinning": "1" if self.spinning else "0"}
+        if not self.spin_between_runs:
+            entries["session.force_spinning_stop"] = "1"
         if self.dynamic_block_base > 0:
             entries["session.dynamic_block_base"] = str(self.dynamic_block_base)
         return entries

@@ -19,6 +19,7 @@ from tokenrouter_backend.core.branch_auth import BranchGuard, load_key
 from tokenrouter_backend.core.branch_protocol import encode_error, op_from_arrays, result_to_arrays
 from tokenrouter_backend.core.params import parse_config_value
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
+from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.onnx_lm import OrtThreading
 from tokenrouter_backend.operations.metrics import SumCount
 from tokenrouter_backend.serving.tensors import config_parameters
@@ -26,6 +27,7 @@ from tokenrouter_backend.serving.tensors import config_parameters
 DEVICES = ("cpu", "cuda", "tensorrt")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime; torch: transformers on torch
 TORCH_DEVICES = ("cpu", "cuda")
+SHARE_CORES = ("auto", "true", "false")  # auto: true on the cpu device
 DTYPES = ("auto", "float16", "float32", "bfloat16")  # torch runtime; auto: FP16 on cuda, FP32 on cpu
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32]
 FORWARD_MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
@@ -38,7 +40,9 @@ class BranchParams:
     onnx_dir: str = "."  # relative to the version directory: where model.onnx/model.json live
     device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider; torch: cpu | cuda)
     intra_op_threads: int = 0  # ONNX Runtime threads; 0 = its default (all cores)
-    threading: OrtThreading = field(default_factory=OrtThreading)  # spinning, dynamic blocks (onnx runtime)
+    intra_op_spinning: bool = True  # idle ONNX Runtime threads busy-wait between parallel sections
+    share_cores: bool = True  # forwards take turns on the CPU with the other branch (core_turns)
+    core_wait_ms: float = 1000.0  # longest wait for a turn; then the forward runs anyway
     runtime: str = "onnx"  # onnx | torch
     hf_dir: str = "hf"  # torch runtime: HF folder (config.json + safetensors), relative to the version dir
     dtype: str = "auto"  # torch runtime: auto | float16 | float32 | bfloat16
@@ -47,7 +51,7 @@ class BranchParams:
 
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
-    known = {"onnx_dir", "device", "intra_op_threads", "intra_op_spinning", "dynamic_block_base",
+    known = {"onnx_dir", "device", "intra_op_threads", "intra_op_spinning", "share_cores", "core_wait_ms",
              "max_draft_len", "session_ttl_s",
              "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
              "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens"}
@@ -97,11 +101,13 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
         kv_sink_tokens=num("kv_sink_tokens", int, d.kv_sink_tokens, 0),
     )
-    t = OrtThreading()
-    threading = OrtThreading(spinning=flag("intra_op_spinning", t.spinning),
-                             dynamic_block_base=num("dynamic_block_base", int, t.dynamic_block_base, 0))
+    share = choice("share_cores", "auto", SHARE_CORES)
+    b = BranchParams()
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
-                        intra_op_threads=num("intra_op_threads", int, 0, 0), threading=threading, runtime=runtime,
+                        intra_op_threads=num("intra_op_threads", int, 0, 0),
+                        intra_op_spinning=flag("intra_op_spinning", b.intra_op_spinning),
+                        share_cores=device == "cpu" if share == "auto" else share == "true",
+                        core_wait_ms=num("core_wait_ms", float, b.core_wait_ms, 0.0), runtime=runtime,
                         hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
 
 
@@ -115,8 +121,10 @@ def load_model(params: BranchParams, version_dir: Path):
     from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM  # onnxruntime is heavy: import when a model loads
 
     model_dir = (version_dir / params.onnx_dir).resolve()
+    # taking turns: threads stop spinning when a forward ends, so the next turn finds the cores free
+    threading = OrtThreading(spinning=params.intra_op_spinning, spin_between_runs=not params.share_cores)
     return OnnxCausalLM(model_dir, device=params.device, intra_op_threads=params.intra_op_threads,
-                        threading=params.threading), model_dir
+                        threading=threading), model_dir
 
 
 def _family(name: str, description: str, kind):
@@ -153,6 +161,7 @@ class BranchMetrics:
                                 BATCH_BUCKETS, labels)
         self.forward_ms = _histogram("tokenrouter_branch_forward_ms", "Milliseconds per model forward",
                                      FORWARD_MS_BUCKETS, labels)
+        self.turns = TurnMetrics(labels)
 
     def record(self, engine: BranchEngine) -> None:
         store = engine.store
@@ -169,6 +178,33 @@ class BranchMetrics:
         for size, ms in zip(engine.last_batch_sizes, engine.last_forward_ms):
             self.batch.observe(size)
             self.forward_ms.observe(ms)
+        if engine.turns is not None:
+            self.turns.record(engine.turns.stats)
+
+
+class TurnMetrics:
+    """Counters of a branch's turns on the CPU cores (labels {branch}; ``share_cores``)."""
+
+    def __init__(self, labels: dict):
+        counter = pb_utils.MetricFamily.COUNTER
+        self.counters = {
+            "turns": _family("tokenrouter_branch_core_turns_total",
+                             "Forwards of a branch that ran holding the turn on the CPU cores", counter).Metric(labels),
+            "overlaps": _family("tokenrouter_branch_core_overlaps_total",
+                                "Forwards of a branch that ran beside the other branch's after core_wait_ms",
+                                counter).Metric(labels),
+            "waited_ms": _family("tokenrouter_branch_core_wait_ms_total",
+                                 "Milliseconds a branch's forwards waited for their turn on the CPU cores",
+                                 counter).Metric(labels),
+        }
+        self._seen = dict.fromkeys(self.counters, 0)
+
+    def record(self, stats) -> None:
+        for name, metric in self.counters.items():
+            total = getattr(stats, name)
+            if total > self._seen[name]:
+                metric.increment(total - self._seen[name])
+                self._seen[name] = total
 
 
 class PrefixCacheMetrics:
@@ -218,7 +254,10 @@ class TritonPythonModel:
         self.guard = BranchGuard(self.name, load_key(Path(args["model_repository"])))
         version_dir = Path(args["model_repository"]) / args["model_version"]
         model, model_dir = load_model(self.params, version_dir)
-        self.engine = BranchEngine(model, config=self.params.engine, name=self.name)
+        # both branches of a server lock the repository directory that holds them
+        turns = (CoreTurns(Path(args["model_repository"]).resolve().parent, self.params.core_wait_ms)
+                 if self.params.share_cores else None)
+        self.engine = BranchEngine(model, config=self.params.engine, name=self.name, turns=turns)
         try:
             self.metrics = BranchMetrics(self.name)
         except Exception as exc:  # noqa: BLE001 - metrics off (--allow-metrics=false) must not stop serving
