@@ -94,3 +94,26 @@ def test_bad_arguments_are_named(tmp_path):
         CoreTurns(tmp_path / "missing", 10)
     with pytest.raises(ValueError, match="max_wait_ms must be >= 0"):
         CoreTurns(tmp_path, -1)
+
+
+def test_a_run_keeps_its_turn_for_a_slice_then_gives_it_back(tmp_path):
+    turns = CoreTurns(tmp_path, max_wait_ms=0, slice_ms=300)
+    other = CoreTurns(tmp_path, max_wait_ms=0)
+    with turns.run():
+        with turns.turn() as got:
+            assert got
+        with other.turn() as got:
+            assert not got  # between forwards of one run the turn is still held
+        with turns.turn() as got:
+            assert got and turns.last_wait_ms == 0.0
+        time.sleep(0.35)
+        with turns.turn() as got:  # slice over: given back, taken again (free: no wait)
+            assert got
+    with other.turn() as got:
+        assert got  # the run ended: the turn is free
+    with turns.turn() as got:  # outside a run, a turn ends with its forward
+        assert got
+    with other.turn() as got:
+        assert got
+    assert (turns.stats.turns, turns.stats.overlaps) == (4, 0)
+    assert (other.stats.turns, other.stats.overlaps) == (2, 1)

@@ -121,6 +121,10 @@ class BranchEngine:
     # ---- public ------------------------------------------------------------------
     def run(self, ops: list[BranchOp]) -> list[BranchResult | Exception]:
         """Serve ops; result i is the BranchResult or the exception of ops[i]."""
+        with self.turns.run() if self.turns is not None else nullcontext():
+            return self._run(ops)
+
+    def _run(self, ops: list[BranchOp]) -> list[BranchResult | Exception]:
         self.last_batch_sizes, self.last_forward_ms, self.last_forward_tokens = [], [], []
         self.store.expire()
         results: list = [None] * len(ops)

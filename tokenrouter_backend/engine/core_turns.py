@@ -9,7 +9,10 @@ directory, held for the length of each forward: forwards run one after another, 
 fast as alone, and the pair gets the whole machine. The sessions stop spinning when a
 forward ends (``OrtThreading.spin_between_runs``), so the next turn finds the cores free.
 
-A turn waits at most ``max_wait_ms``; past that the forward runs anyway, beside the other
+Inside ``run()`` (one engine run: one ``execute()``) a turn is kept across consecutive
+forwards for up to ``slice_ms``, so a light model drafting k tokens (k short forwards) waits
+for its turn once, not k times; a long series (prefill chunks) gives the turn back after each
+slice. A turn waits at most ``max_wait_ms``; past that the forward runs anyway, beside the other
 branch's (counted as an overlap), so one long forward (a prefill chunk) never stalls the
 other branch's steps beyond that bound. Waiting blocks in the kernel (a helper thread holds
 the blocking ``flock`` call), so the lock changes hands as soon as it is released; every
@@ -39,19 +42,41 @@ class TurnStats:
 class CoreTurns:
     """One forward at a time among the processes that lock the same ``path``."""
 
-    def __init__(self, path: str | os.PathLike, max_wait_ms: float):
+    def __init__(self, path: str | os.PathLike, max_wait_ms: float, slice_ms: float = 0.0):
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if slice_ms < 0:
+            raise ValueError(f"slice_ms must be >= 0, got {slice_ms}")
         self.path = Path(path)
         if not self.path.exists():
             raise ValueError(f"core turns: {self.path} does not exist")
         self.max_wait_s = max_wait_ms / 1e3
+        self.slice_s = slice_ms / 1e3
         self.stats = TurnStats()
         self.last_wait_ms = 0.0
+        self._in_run = False
+        self._held: int | None = None  # fd of the turn kept inside run()
+        self._held_since = 0.0
+
+    @contextmanager
+    def run(self):
+        """Forwards inside share a turn for up to ``slice_ms``; the turn ends with the block."""
+        self._in_run = True
+        try:
+            yield
+        finally:
+            self._in_run = False
+            self._give_back()
 
     @contextmanager
     def turn(self):
         """Hold the turn for the body (or run it without, after ``max_wait_ms``)."""
+        if self._held is not None and time.perf_counter() - self._held_since < self.slice_s:
+            self.last_wait_ms = 0.0
+            self.stats.turns += 1
+            yield True
+            return
+        self._give_back()
         t0 = time.perf_counter()
         fd = self._acquire()
         self.last_wait_ms = (time.perf_counter() - t0) * 1e3
@@ -60,11 +85,20 @@ class CoreTurns:
             self.stats.overlaps += 1
         else:
             self.stats.turns += 1
+        if fd is not None and self._in_run and self.slice_s > 0:
+            self._held, self._held_since = fd, time.perf_counter()
+            yield True
+            return
         try:
             yield fd is not None
         finally:
             if fd is not None:
                 _release(fd)
+
+    def _give_back(self) -> None:
+        if self._held is not None:
+            fd, self._held = self._held, None
+            _release(fd)
 
     def _acquire(self) -> int | None:
         """An fd holding the lock, or None when ``max_wait_ms`` passed first."""

@@ -43,6 +43,7 @@ class BranchParams:
     intra_op_spinning: bool = True  # idle ONNX Runtime threads busy-wait between parallel sections
     share_cores: bool = True  # forwards take turns on the CPU with the other branch (core_turns)
     core_wait_ms: float = 1000.0  # longest wait for a turn; then the forward runs anyway
+    core_slice_ms: float = 500.0  # a turn is kept across one execute()'s forwards this long
     runtime: str = "onnx"  # onnx | torch
     hf_dir: str = "hf"  # torch runtime: HF folder (config.json + safetensors), relative to the version dir
     dtype: str = "auto"  # torch runtime: auto | float16 | float32 | bfloat16
@@ -52,6 +53,7 @@ class BranchParams:
 def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
     """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
     known = {"onnx_dir", "device", "intra_op_threads", "intra_op_spinning", "share_cores", "core_wait_ms",
+             "core_slice_ms",
              "max_draft_len", "session_ttl_s",
              "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
              "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens"}
@@ -107,7 +109,8 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
                         intra_op_threads=num("intra_op_threads", int, 0, 0),
                         intra_op_spinning=flag("intra_op_spinning", b.intra_op_spinning),
                         share_cores=device == "cpu" if share == "auto" else share == "true",
-                        core_wait_ms=num("core_wait_ms", float, b.core_wait_ms, 0.0), runtime=runtime,
+                        core_wait_ms=num("core_wait_ms", float, b.core_wait_ms, 0.0),
+                        core_slice_ms=num("core_slice_ms", float, b.core_slice_ms, 0.0), runtime=runtime,
                         hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
 
 
@@ -255,8 +258,8 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         model, model_dir = load_model(self.params, version_dir)
         # both branches of a server lock the repository directory that holds them
-        turns = (CoreTurns(Path(args["model_repository"]).resolve().parent, self.params.core_wait_ms)
-                 if self.params.share_cores else None)
+        turns = (CoreTurns(Path(args["model_repository"]).resolve().parent, self.params.core_wait_ms,
+                           self.params.core_slice_ms) if self.params.share_cores else None)
         self.engine = BranchEngine(model, config=self.params.engine, name=self.name, turns=turns)
         try:
             self.metrics = BranchMetrics(self.name)
