@@ -38,18 +38,19 @@ def test_parse_params_defaults_and_errors(glue):
     assert (p.onnx_dir, p.device, p.intra_op_threads) == (".", "cpu", 2)
     assert (p.engine.max_draft_len, p.engine.session_ttl_s, p.engine.kv_cache_budget_mb) == (8, 30.0, 64.0)
     assert glue.parse_params({}, "heavy").engine == glue.EngineConfig()
-    cpu, gpu = glue.parse_params({}, "heavy"), glue.parse_params({"device": "cuda"}, "heavy")
-    assert (cpu.intra_op_spinning, cpu.share_cores, cpu.core_wait_ms, cpu.core_slice_ms) == (True, True, 1000.0, 500.0)
-    assert not gpu.share_cores  # auto: only the cpu device takes turns
-    knobs = glue.parse_params({"intra_op_spinning": "false", "share_cores": "false", "core_wait_ms": "50"}, "light")
-    assert (knobs.intra_op_spinning, knobs.share_cores, knobs.core_wait_ms) == (False, False, 50.0)
-    assert glue.parse_params({"device": "cuda", "share_cores": "true"}, "heavy").share_cores
+    default = glue.parse_params({}, "heavy")
+    assert (default.intra_op_spinning, default.share_cores, default.core_wait_ms, default.core_slice_ms) == \
+        (True, False, 1000.0, 500.0)
+    knobs = glue.parse_params({"intra_op_spinning": "false", "share_cores": "true", "core_wait_ms": "50",
+                               "core_slice_ms": "0"}, "light")
+    assert (knobs.intra_op_spinning, knobs.share_cores, knobs.core_wait_ms, knobs.core_slice_ms) == \
+        (False, True, 50.0, 0.0)
     bad = [({"device": "${heavy_device}"}, r"heavy: parameter 'device' is the unfilled placeholder"),
            ({"intra_op_threads": "two"}, r"'intra_op_threads' must be a int, got 'two'"),
            ({"max_draft_len": "-1"}, r"'max_draft_len' must be >= 0"),
            ({"device": "tpu"}, r"'device' must be one of cpu, cuda, tensorrt, got 'tpu'"),
            ({"intra_op_spinning": "maybe"}, r"'intra_op_spinning' must be true or false, got 'maybe'"),
-           ({"share_cores": "yes"}, r"'share_cores' must be one of auto, true, false, got 'yes'"),
+           ({"share_cores": "sometimes"}, r"'share_cores' must be true or false, got 'sometimes'"),
            ({"core_wait_ms": "-1"}, r"'core_wait_ms' must be >= 0"),
            ({"core_slice_ms": "-5"}, r"'core_slice_ms' must be >= 0"),
            ({"colour": "red"}, r"unknown parameter 'colour'")]

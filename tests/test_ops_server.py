@@ -30,17 +30,23 @@ COUNTERS = {  # metric (summed over labels) -> routing_stats field
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory, tiny_repository) -> Path:
-    """A private copy of the tiny repository: these tests rewrite the router's config."""
+    """A private copy of the tiny repository: these tests rewrite the router's config
+    (and turn the branches' share_cores on)."""
     out = tmp_path_factory.mktemp("ops_repo") / "repo"
     shutil.copytree(tiny_repository, out, symlinks=True)
+    for branch in ("heavy", "light"):
+        set_params(out / branch / "config.pbtxt", share_cores="true")
     return out
 
 
 def set_router_params(repo: Path, **params) -> None:
-    cfg = repo / "router" / "config.pbtxt"
+    set_params(repo / "router" / "config.pbtxt", **params)
+
+
+def set_params(cfg: Path, **params) -> None:
     text = cfg.read_text()
     for key, value in params.items():
-        text, n = re.subn(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
+        text, n = re.subn(rf'(key: "{key}",? value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
         assert n == 1, key
     cfg.write_text(text)
 
@@ -87,7 +93,7 @@ def test_metrics_add_up_and_switch(repository, start_triton, tmp_path):
         assert total(metrics, "tokenrouter_router_branch_calls_total", branch=branch) == \
             sum(s[f"{branch}_calls"] for s in stats)
     assert total(metrics, "tokenrouter_router_e2e_ms_count") == len(PROMPTS)
-    # share_cores (auto: on, cpu): every forward of each branch took its turn on the cores
+    # share_cores: every forward of each branch took its turn on the cores
     # or, past core_wait_ms, ran beside the other branch's
     branch = scrape(server.metrics_url, prefix="tokenrouter_branch_")
     for name in ("light", "heavy"):

@@ -27,7 +27,6 @@ from tokenrouter_backend.serving.tensors import config_parameters
 DEVICES = ("cpu", "cuda", "tensorrt")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime; torch: transformers on torch
 TORCH_DEVICES = ("cpu", "cuda")
-SHARE_CORES = ("auto", "true", "false")  # auto: true on the cpu device
 DTYPES = ("auto", "float16", "float32", "bfloat16")  # torch runtime; auto: FP16 on cuda, FP32 on cpu
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32]
 FORWARD_MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
@@ -41,7 +40,7 @@ class BranchParams:
     device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider; torch: cpu | cuda)
     intra_op_threads: int = 0  # ONNX Runtime threads; 0 = its default (all cores)
     intra_op_spinning: bool = True  # idle ONNX Runtime threads busy-wait between parallel sections
-    share_cores: bool = True  # forwards take turns on the CPU with the other branch (core_turns)
+    share_cores: bool = False  # forwards take turns on the CPU with the other branch (core_turns)
     core_wait_ms: float = 1000.0  # longest wait for a turn; then the forward runs anyway
     core_slice_ms: float = 500.0  # a turn is kept across one execute()'s forwards this long
     runtime: str = "onnx"  # onnx | torch
@@ -103,12 +102,11 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
         kv_sink_tokens=num("kv_sink_tokens", int, d.kv_sink_tokens, 0),
     )
-    share = choice("share_cores", "auto", SHARE_CORES)
     b = BranchParams()
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
                         intra_op_threads=num("intra_op_threads", int, 0, 0),
                         intra_op_spinning=flag("intra_op_spinning", b.intra_op_spinning),
-                        share_cores=device == "cpu" if share == "auto" else share == "true",
+                        share_cores=flag("share_cores", b.share_cores),
                         core_wait_ms=num("core_wait_ms", float, b.core_wait_ms, 0.0),
                         core_slice_ms=num("core_slice_ms", float, b.core_slice_ms, 0.0), runtime=runtime,
                         hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
