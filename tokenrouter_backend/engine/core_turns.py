@@ -71,29 +71,29 @@ class CoreTurns:
     @contextmanager
     def turn(self):
         """Hold the turn for the body (or run it without, after ``max_wait_ms``)."""
+        release = None  # fd to give back when the body ends
         if self._held is not None and time.perf_counter() - self._held_since < self.slice_s:
-            self.last_wait_ms = 0.0
-            self.stats.turns += 1
-            yield True
-            return
-        self._give_back()
-        t0 = time.perf_counter()
-        fd = self._acquire()
-        self.last_wait_ms = (time.perf_counter() - t0) * 1e3
-        self.stats.waited_ms += self.last_wait_ms
-        if fd is None:
-            self.stats.overlaps += 1
+            self.last_wait_ms, got = 0.0, True  # still this run's slice
         else:
+            self._give_back()
+            t0 = time.perf_counter()
+            fd = self._acquire()
+            self.last_wait_ms = (time.perf_counter() - t0) * 1e3
+            self.stats.waited_ms += self.last_wait_ms
+            got = fd is not None
+            if got and self._in_run and self.slice_s > 0:
+                self._held, self._held_since = fd, time.perf_counter()  # run() or a later turn gives it back
+            else:
+                release = fd
+        if got:
             self.stats.turns += 1
-        if fd is not None and self._in_run and self.slice_s > 0:
-            self._held, self._held_since = fd, time.perf_counter()
-            yield True
-            return
+        else:
+            self.stats.overlaps += 1
         try:
-            yield fd is not None
+            yield got
         finally:
-            if fd is not None:
-                _release(fd)
+            if release is not None:
+                _release(release)
 
     def _give_back(self) -> None:
         if self._held is not None:
@@ -128,8 +128,7 @@ class _BlockingWait:
     def __init__(self, fd: int):
         self.fd = fd
         self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._finished = False  # the helper's flock call returned (under _lock)
+        self._done = threading.Event()  # the helper's flock call returned (set under _lock)
         self._acquired = False
         self._abandoned = False
         threading.Thread(target=self._wait, name="core-turn-wait", daemon=True).start()
@@ -147,13 +146,13 @@ class _BlockingWait:
                 else:
                     os.close(self.fd)
                 return
-            self._finished, self._acquired = True, acquired
+            self._acquired = acquired
             self._done.set()
 
     def result(self, timeout_s: float) -> int | None:
         self._done.wait(timeout_s)
         with self._lock:
-            if not self._finished:
+            if not self._done.is_set():
                 self._abandoned = True
                 return None
             if self._acquired:

@@ -162,7 +162,7 @@ class BranchMetrics:
                                 BATCH_BUCKETS, labels)
         self.forward_ms = _histogram("tokenrouter_branch_forward_ms", "Milliseconds per model forward",
                                      FORWARD_MS_BUCKETS, labels)
-        self.turns = TurnMetrics(labels)
+        self.turns = turn_metrics(labels)
 
     def record(self, engine: BranchEngine) -> None:
         store = engine.store
@@ -183,29 +183,19 @@ class BranchMetrics:
             self.turns.record(engine.turns.stats)
 
 
-class TurnMetrics:
+def turn_metrics(labels: dict) -> TotalsAsCounters:
     """Counters of a branch's turns on the CPU cores (labels {branch}; ``share_cores``)."""
-
-    def __init__(self, labels: dict):
-        counter = pb_utils.MetricFamily.COUNTER
-        self.counters = {
-            "turns": _family("tokenrouter_branch_core_turns_total",
-                             "Forwards of a branch that ran holding the turn on the CPU cores", counter).Metric(labels),
-            "overlaps": _family("tokenrouter_branch_core_overlaps_total",
-                                "Forwards of a branch that ran beside the other branch's after core_wait_ms",
-                                counter).Metric(labels),
-            "waited_ms": _family("tokenrouter_branch_core_wait_ms_total",
-                                 "Milliseconds a branch's forwards waited for their turn on the CPU cores",
-                                 counter).Metric(labels),
-        }
-        self._seen = dict.fromkeys(self.counters, 0)
-
-    def record(self, stats) -> None:
-        for name, metric in self.counters.items():
-            total = getattr(stats, name)
-            if total > self._seen[name]:
-                metric.increment(total - self._seen[name])
-                self._seen[name] = total
+    counter = pb_utils.MetricFamily.COUNTER
+    return TotalsAsCounters({
+        "turns": _family("tokenrouter_branch_core_turns_total",
+                         "Forwards of a branch that ran holding the turn on the CPU cores", counter).Metric(labels),
+        "overlaps": _family("tokenrouter_branch_core_overlaps_total",
+                            "Forwards of a branch that ran beside the other branch's after core_wait_ms",
+                            counter).Metric(labels),
+        "waited_ms": _family("tokenrouter_branch_core_wait_ms_total",
+                             "Milliseconds a branch's forwards waited for their turn on the CPU cores",
+                             counter).Metric(labels),
+    })
 
 
 class PrefixCacheMetrics:
@@ -217,21 +207,32 @@ class PrefixCacheMetrics:
                               "(shared by live sessions or idle)", gauge).Metric(labels)
         self.bytes = _family("tokenrouter_prefix_cache_bytes", "Bytes of a branch's prefix-cache blocks",
                              gauge).Metric(labels)
-        self.counters = {
+        self.counters = TotalsAsCounters({
             "lookup_tokens": _family("tokenrouter_prefix_cache_lookup_tokens_total",
                                      "Input tokens of steps that looked for a cached prefix", counter).Metric(labels),
             "hit_tokens": _family("tokenrouter_prefix_cache_hit_tokens_total",
                                   "Input tokens whose KV the prefix cache supplied", counter).Metric(labels),
             "evicted_blocks": _family("tokenrouter_prefix_cache_evicted_blocks_total",
                                       "Idle prefix-cache blocks evicted for room", counter).Metric(labels),
-        }
-        self._seen = dict.fromkeys(self.counters, 0)
+        })
 
     def record(self, cache) -> None:
         self.blocks.set(cache.block_count)
         self.bytes.set(cache.bytes)
+        self.counters.record(cache.stats)
+
+
+class TotalsAsCounters:
+    """Prometheus counters fed from running totals (attributes of a stats object, by name):
+    each ``record`` adds what each total grew by since the last one."""
+
+    def __init__(self, counters: dict):
+        self.counters = counters
+        self._seen = dict.fromkeys(counters, 0)
+
+    def record(self, totals) -> None:
         for name, metric in self.counters.items():
-            total = getattr(cache.stats, name)
+            total = getattr(totals, name)
             if total > self._seen[name]:
                 metric.increment(total - self._seen[name])
                 self._seen[name] = total
