@@ -129,10 +129,15 @@ def _ops(**params):
     return Operations({k: str(v) for k, v in params.items()}, RouterDefaults())
 
 
-def _teach(costs, heavy: Curve, light: Curve, batch: int):
+def _teach(costs, heavy: Curve, light: Curve, batch: int, verdicts: bool = True):
+    """Both curves fitted; with ``verdicts`` also 10 verdicts at the prior's own acceptance,
+    so the light model counts as measured and the acceptance stays the prior (0.6)."""
     for curve, truth in ((costs.heavy, heavy), (costs.light, light)):
         for tokens in (1, 2, 4, 8, 16, 32) * 5:
             curve.observe(1, tokens * batch, truth.ms(tokens * batch), batch)
+    if verdicts:
+        costs.observe_verdicts(6, 0)
+        costs.observe_verdicts(0, 4)
 
 
 def _plan(ops, prompt_len=20, **given):
@@ -337,3 +342,39 @@ def test_the_light_batch_is_never_planned_below_the_heavy_one():
     planner = costs.planner()
     assert costs.light.batch < 1.5
     assert planner.light_batch == pytest.approx(costs.heavy.batch) and planner.light_batch > 7
+
+
+def test_an_unmeasured_light_model_is_explored_by_requests_with_a_cheap_light_prefill():
+    """The trap the priors set: a server whose first requests ran heavy-only steps never sees a
+    light step or verdict, so with a pessimistic prior every later request would skip the
+    light model for good. Until the light model is measured a short prompt explores (the
+    block schedule runs); a long one still weighs the prefill; once measured, the curves decide."""
+    from tokenrouter_backend.core.names import Mode
+
+    ops = _ops(cost_light_ratio=4.0)  # the prior: a light forward costs 4 heavy ones, never pays
+    for tokens in (1, 2, 4, 8, 16, 256) * 5:
+        ops.costs.heavy.observe(1, tokens, MEASURED_CPU.ms(tokens), 1)
+    assert not ops.costs.light_measured
+    short = _plan(ops, prompt_len=20, max_tokens=256)
+    assert short.light_estimate.explore and short.light_estimate.pays
+    assert short.mode == Mode.VERIFY and short.block == hooks_params().block_size  # the block schedule's block
+    assert short.light_estimate.saving_ms < short.light_estimate.prefill_ms  # the prior alone would skip it
+    long = _plan(ops, prompt_len=3000, max_tokens=48)
+    assert long.mode == Mode.HEAVY and not long.light_estimate.explore and not long.light_estimate.pays
+    never = _ops(cost_light_ratio=4.0, cost_explore_share=0)
+    for tokens in (1, 2, 4, 8, 16, 256) * 5:
+        never.costs.heavy.observe(1, tokens, MEASURED_CPU.ms(tokens), 1)
+    assert _plan(never, prompt_len=20, max_tokens=256).mode == Mode.HEAVY  # the trap, kept on request
+
+    for tokens in (1, 2, 4, 8, 16, 32) * 5:  # the exploring requests' light steps: a cheap light model
+        ops.costs.light.observe(1, tokens, Curve(250.0, 12.0).ms(tokens), 1)
+    assert not ops.costs.light_measured  # the curve alone: no verdict yet
+    assert _plan(ops, prompt_len=20, max_tokens=256).light_estimate.explore
+    ops.costs.observe_verdicts(12, 1)  # and their verdicts: a good drafter
+    assert ops.costs.light_measured
+    measured = _plan(ops, prompt_len=20, max_tokens=256)
+    assert not measured.light_estimate.explore and measured.light_estimate.pays and measured.mode == Mode.VERIFY
+    assert measured.light_estimate.saving_ms > measured.light_estimate.prefill_ms
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError):
+            CostConfig(explore_share=bad)

@@ -376,6 +376,7 @@ class BlockLoop:
             e = plan.light_estimate
             self.stats.light_plan_saving_ms, self.stats.light_plan_prefill_ms = e.saving_ms, e.prefill_ms
             self.stats.light_plan_acceptance = e.acceptance
+            self.stats.light_plan_explored = e.explore
         if plan.degraded:
             s = self.stats
             s.degraded_blocks += 1

@@ -24,6 +24,15 @@ whether the light model pays at all: its prefill (``L`` over the prompt) against
 time speculation saves over ``max_tokens`` tokens; when the saving is smaller, the
 request runs heavy-only steps from the start and the light model never sees it.
 
+That decision rests on the light curve and the acceptance, which only the light model's own
+steps and verdicts measure: a server whose first requests all ran heavy-only steps would
+keep its priors (``light_ratio``, ``prior_acceptance``) for good and never learn that
+drafting pays. So until the light model is measured (its curve fitted and ``prior_weight``
+verdicts in), a request whose light prefill is cheap — priced at the heavy model's own
+curve, at most ``explore_share`` of the request's heavy-only time — explores: it runs the
+block schedule, and its light steps and verdicts fit the curve and the acceptance. Long
+prompts never explore, so a fresh server's first long prompts still weigh the prefill.
+
 Drafts that cost nothing to make — n-gram lookups in the prompt and the answer, the
 decision cache — are planned on the heavy curve alone: d of them cost
 H.fixed / B_heavy + H.per_token * (d + 1) and commit E(d) at their own acceptance
@@ -69,12 +78,14 @@ class CostConfig:
     decay: float = 0.98  # per block: weight kept by the server-wide acceptance counts
     light_ratio: float = 0.5  # until the light curve is fitted: light forward = this x heavy's
     route_prior_stand: float = 0.5  # route: chance a draft stands unchecked, before any route block
+    explore_share: float = 0.25  # until the light model is measured: the most a request's light
+    # prefill (priced as the heavy one's) may cost, as a share of its heavy-only time, to explore
 
     def __post_init__(self):
         if self.window < 4 or self.min_samples < 2 or not 0.0 < self.prior_acceptance < 1.0 \
                 or not 0.0 < self.ngram_prior_acceptance < 1.0 \
                 or self.prior_weight < 0 or not 0.0 < self.decay <= 1.0 or not 0.0 < self.light_ratio <= 4.0 \
-                or not 0.0 < self.route_prior_stand < 1.0:
+                or not 0.0 < self.route_prior_stand < 1.0 or not 0.0 <= self.explore_share <= 1.0:
             raise ValueError(f"invalid CostConfig {self}")
 
 
@@ -182,6 +193,12 @@ class BranchCosts:
         self.ngram_accepted = self.ngram_accepted * d + accepted
         self.ngram_rejected = self.ngram_rejected * d + rejected
 
+    @property
+    def light_measured(self) -> bool:
+        """The light model has run enough steps for its curve and drawn enough verdicts for
+        the acceptance: the cost model's light decision rests on measurements, not priors."""
+        return self.light.curve is not None and self.accepted + self.rejected >= self.config.prior_weight
+
     def planner(self) -> "Planner | None":
         """A planner over the current curves, or None while the heavy curve is unknown. Until
         the light curve is fitted it is the heavy one scaled by ``light_ratio``: a light model
@@ -276,6 +293,14 @@ class Planner:
             1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.draft_rate(k, acceptance, route_stand)
         return LightEstimate(new_tokens * saved_per_token, prefill, acceptance, k)
 
+    def worth_exploring(self, prompt_tokens: int, new_tokens: int, chunk: int, share: float) -> bool:
+        """Whether a request may run the block schedule to measure the light model: its light
+        prefill, priced at the heavy curve (a light model costs less), is at most ``share``
+        of the request's heavy-only time."""
+        calls = -(-prompt_tokens // max(1, chunk))
+        prefill = calls * self.heavy.fixed + self.heavy.per_token * prompt_tokens
+        return prefill <= share * new_tokens * self.block_ms(0)
+
 
 @dataclass(frozen=True)
 class LightEstimate:
@@ -286,10 +311,11 @@ class LightEstimate:
     prefill_ms: float  # the light prefill it would pay first
     acceptance: float  # the per-token acceptance assumed
     block: int  # the draft length the saving was computed at (0: drafting never pays)
+    explore: bool = False  # the light model is not measured yet: the block schedule runs to measure it
 
     @property
     def pays(self) -> bool:
-        return self.block > 0 and self.saving_ms > self.prefill_ms
+        return self.explore or (self.block > 0 and self.saving_ms > self.prefill_ms)
 
 
 class MeteredBranch(Branch):

@@ -39,6 +39,7 @@ class RequestStats:
     light_plan_saving_ms: float = 0.0  # cost model, once per request: what drafting would save
     light_plan_prefill_ms: float = 0.0  # against what the light prefill would cost (0 = not planned)
     light_plan_acceptance: float = 0.0  # the per-token acceptance it assumed
+    light_plan_explored: bool = False  # the light model was not measured yet: this request ran the block schedule
     degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)
     degraded_threshold: float = 0.0  # the lowest such threshold (0 = never degraded)
     heavy_reused_tokens: int = 0  # input tokens whose KV the heavy branch's prefix cache supplied

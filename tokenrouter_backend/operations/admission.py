@@ -284,6 +284,11 @@ class RequestHooks:
                 else self.prompt_tokens  # a windowed light model prefills sink + window at most
             self.light = planner.light_estimate(light_prompt, p.max_tokens, a, p.max_block_size,
                                                 p.prefill_chunk_tokens, stand)
+            if not self.ops.costs.light_measured and planner.worth_exploring(
+                    light_prompt, p.max_tokens, p.prefill_chunk_tokens, self.ops.cost_config.explore_share):
+                self.light = dataclasses.replace(self.light, explore=True)
+        if self.light.explore:  # measuring the light model: the block schedule decides, as before any curve
+            return dataclasses.replace(plan, light_estimate=self.light)
         k = planner.best_draft(a, p.max_block_size, stand) if self.light.pays else 0
         copies = p.ngram.enabled or (k == 0 and p.ngram.heavy_steps)  # route: in heavy-only steps only
         free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if copies else 0
