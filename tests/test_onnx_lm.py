@@ -109,3 +109,46 @@ def test_threading_knobs_reach_the_session_and_leave_outputs_alone(lm, tiny_expo
     assert default.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     ids = [10, 20, 30, 40]
     np.testing.assert_allclose(_single(shy, ids)[0], _single(lm, ids)[0], atol=TOL)
+
+
+def test_pad_rows_grows_short_forwards_to_min_rows():
+    from tokenrouter_backend.engine.onnx_lm import pad_rows
+
+    assert pad_rows(2, 1, None, 2) is None and pad_rows(1, 3, None, 2) is None  # enough rows already
+    assert pad_rows(1, 1, None, 1) is None
+    lone = pad_rows(1, 1, None, 2)  # one session, one token: the batch is repeated
+    assert lone.copies == 2 and lone.batch == 1 and lone.wanted == 1 and lone.logits_positions.tolist() == [[0]]
+    last = pad_rows(1, 5, np.array([[4]]), 2)  # a prefill asking its last position: the LM head gets two rows
+    assert last.copies == 1 and last.wanted == 1 and last.logits_positions.tolist() == [[4, 4]]
+
+
+def test_a_min_rows_model_pads_and_returns_the_callers_shapes(lm, tiny_export, tmp_path):
+    """``min_rows`` 2 (the int8-compute light mode declares it): a one-session, one-token
+    forward and a last-position prefill run padded, and give the unpadded call's shapes and values."""
+    import dataclasses
+    import shutil
+
+    out, _ = tiny_export
+    src = out / "heavy" / "1"
+    dst = tmp_path / "padded"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.json":
+            (dst / f.name).hardlink_to(f)  # ONNX Runtime refuses external data outside the model's folder
+    shutil.copy(src / "model.json", dst / "model.json")
+    info = ModelInfo.load(dst / "model.json")
+    dataclasses.replace(info, min_rows=2).save(dst / "model.json")
+    padded = OnnxCausalLM(dst)
+    assert padded.info.min_rows == 2 and lm.info.min_rows == 1
+    ids = np.array([[10, 20, 30, 40]])
+    mask, pos = np.ones((1, 4), np.int64), np.arange(4)[None]
+    a, kv_a = padded.forward(ids, mask, pos, padded.empty_past(1), np.array([[3]]))
+    b, kv_b = lm.forward(ids, mask, pos, lm.empty_past(1), np.array([[3]]))
+    assert a.shape == b.shape == (1, 1, lm.info.vocab_size)
+    np.testing.assert_allclose(a, b, atol=TOL)
+    step = (np.array([[50]]), np.ones((1, 5), np.int64), np.array([[4]]))
+    c, new_c = padded.forward(*step, kv_a)
+    d, new_d = lm.forward(*step, kv_b)
+    assert c.shape == d.shape == (1, 1, lm.info.vocab_size)
+    assert new_c[0][0].shape == new_d[0][0].shape == (1, lm.info.num_kv_heads, 1, lm.info.head_dim)
+    np.testing.assert_allclose(c, d, atol=TOL)

@@ -25,6 +25,37 @@ def all_positions(batch: int, new: int) -> np.ndarray:
     return np.broadcast_to(np.arange(new, dtype=np.int64), (batch, new))
 
 
+@dataclass(frozen=True)
+class RowPadding:
+    """A forward grown to ``min_rows`` rows at every product, and how to cut its outputs back.
+
+    Some kernels take another path for a single-row product than for two or more rows, whose
+    rows are computed independently of each other (MatMulNBits with int8 compute in ONNX
+    Runtime). One session feeding one token would then get other logits alone than inside a
+    batch. Growing the forward keeps every session on the batch path: a batch of fewer rows
+    than ``min_rows`` is repeated along the batch axis (its past too; the copies' outputs are
+    dropped), and a forward asking logits at fewer rows repeats its last wanted position so
+    the LM head has enough rows. (A dummy token after the real one would not do: measured, a
+    two-token forward of one session gives its first token other logits than a batch does.)"""
+
+    copies: int  # how many times the batch is repeated (1 = not)
+    logits_positions: np.ndarray
+    batch: int  # the caller's B: rows beyond it are copies
+    wanted: int  # the caller's K: logits beyond it are the padding's
+
+
+def pad_rows(batch: int, new: int, logits_positions: np.ndarray | None, min_rows: int) -> RowPadding | None:
+    """How to pad a forward of ``batch`` x ``new`` tokens; None when nothing is short of ``min_rows``."""
+    wanted = all_positions(batch, new) if logits_positions is None else np.asarray(logits_positions)
+    k = wanted.shape[1]
+    if batch * new >= min_rows and batch * k >= min_rows:
+        return None
+    copies = max(1, -(-min_rows // (batch * new)))
+    per_row = -(-min_rows // (batch * copies))
+    positions = np.concatenate([wanted, np.repeat(wanted[:, -1:], max(0, per_row - k), axis=1)], axis=1)
+    return RowPadding(copies, positions, batch, k)
+
+
 def pick_positions(logits: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
     """Rows ``positions`` [B, K] of full logits [B, S, V] (a model without the graph input)."""
     if positions is None:
@@ -45,6 +76,7 @@ class ModelInfo:
     precision: str = "fp32"
     source: str = ""
     architecture: str = ""
+    min_rows: int = 1  # rows (batch x tokens) every product needs to be batch-invariant (see pad_rows)
 
     @classmethod
     def load(cls, path: Path) -> "ModelInfo":
@@ -148,8 +180,21 @@ class OnnxCausalLM:
         input_ids, position_ids: [B, S]; attention_mask: [B, P + S]; past: per layer
         (key, value) [B, kv_heads, P, head_dim]; logits_positions: [B, K] indices into the
         S new positions (None = all). Returns logits [B, K, V] float32 and per layer the
-        new tokens' (key, value) [B, kv_heads, S, head_dim].
+        new tokens' (key, value) [B, kv_heads, S, head_dim]. A model with ``min_rows`` > 1
+        runs a shorter forward padded (``pad_rows``); the outputs are the caller's shapes.
         """
+        pad = pad_rows(*input_ids.shape, logits_positions, self.info.min_rows) if self.info.min_rows > 1 else None
+        if pad is None:
+            return self._forward(input_ids, attention_mask, position_ids, past, logits_positions)
+        n = pad.copies
+        logits, new_kv = self._forward(
+            np.tile(input_ids, (n, 1)), np.tile(attention_mask, (n, 1)), np.tile(position_ids, (n, 1)),
+            [(np.concatenate([k] * n), np.concatenate([v] * n)) if n > 1 else (k, v) for k, v in past],
+            np.tile(pad.logits_positions, (n, 1)))
+        b = pad.batch
+        return logits[:b, :pad.wanted], [(k[:b], v[:b]) for k, v in new_kv]
+
+    def _forward(self, input_ids, attention_mask, position_ids, past, logits_positions):
         feeds = {
             "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64),

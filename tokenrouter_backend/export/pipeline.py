@@ -114,6 +114,8 @@ def _stamp_key(source: Source, role: str, options: ExportOptions) -> str:
     if role == "light":
         shaping["quant"] = [options.light_quant, quantize.AUTO_AGREEMENT_SLACK, quantize.NBITS_BLOCK_SIZE,
                             quantize.NBITS_ACCURACY_LEVEL]
+        if options.light_quant in quantize.MIN_ROWS or options.light_quant == quantize.AUTO:
+            shaping["quant"].append(sorted(quantize.ACCURACY_LEVEL.items()))  # modes added later: own stamps
     if options.runtime != "onnx":  # onnx stamps stay as they were before runtimes existed
         shaping["runtime"] = options.runtime
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]

@@ -5,12 +5,18 @@ Modes (``--light-quant``):
                           FP32 activations and compute (accuracy_level 1), so a row's logits
                           do not depend on the other rows of the batch; ONNX Runtime's CPU has
                           a fast FP32-compute kernel for 4-bit weights
+  matmulnbits4-int8       4-bit weights as above, int8 activations and compute (accuracy_level 4,
+                          one scale per block of a row): about 3x faster per decode step on an
+                          AVX2 CPU. ONNX Runtime runs a single-row product (M = 1) on another
+                          kernel path than M >= 2, whose rows do not depend on each other; the
+                          model declares ``min_rows`` 2 and ``OnnxCausalLM`` pads a one-row
+                          forward to two, so it stays batch-invariant
   matmulnbits8            the same with 8-bit weights: batch-invariant and closer to FP32, but
                           ONNX Runtime's CPU kernel for 8-bit weights with FP32 compute is slow
                           (measured 17x slower than FP32 on the demo light model)
   dynamic                 quantize_dynamic, INT8 weights per tensor (MatMulInteger, DynamicQuantizeLinear)
   dynamic-per-channel     quantize_dynamic, INT8 weights per output channel
-  auto                    build matmulnbits4 and the two dynamic modes, keep the fastest decode
+  auto                    build matmulnbits4, matmulnbits4-int8 and the two dynamic modes, keep the fastest decode
                           step among those whose top-1 agreement with FP32 is within
                           AUTO_AGREEMENT_SLACK of the best one
 
@@ -30,24 +36,29 @@ from tokenrouter_backend.engine.onnx_lm import INFO_FILE, MODEL_FILE, ModelInfo
 
 from .onnx_export import DATA_FILE, EXTERNAL_DATA_BYTES
 
-QUANT_MODES = ("matmulnbits4", "matmulnbits8", "dynamic", "dynamic-per-channel")
+QUANT_MODES = ("matmulnbits4", "matmulnbits4-int8", "matmulnbits8", "dynamic", "dynamic-per-channel")
 DEFAULT_MODE = "matmulnbits4"
 AUTO = "auto"
 # what `auto` builds and times: matmulnbits8 is left out (its CPU kernel makes a timed step take seconds)
-AUTO_MODES = ("matmulnbits4", "dynamic", "dynamic-per-channel")
+AUTO_MODES = ("matmulnbits4", "matmulnbits4-int8", "dynamic", "dynamic-per-channel")
 PRECISION_NAMES = {
     "dynamic": "int8-dynamic",
     "dynamic-per-channel": "int8-dynamic-per-channel",
     "matmulnbits8": "int8-matmulnbits",
     "matmulnbits4": "int4-matmulnbits",
+    "matmulnbits4-int8": "int4-matmulnbits-int8",
 }
-NBITS = {"matmulnbits4": 4, "matmulnbits8": 8}  # weight bits of the MatMulNBits modes
-BATCH_INVARIANT = {"matmulnbits4": True, "matmulnbits8": True, "dynamic": False, "dynamic-per-channel": False}
+NBITS = {"matmulnbits4": 4, "matmulnbits4-int8": 4, "matmulnbits8": 8}  # weight bits of the MatMulNBits modes
+BATCH_INVARIANT = {"matmulnbits4": True, "matmulnbits4-int8": True, "matmulnbits8": True, "dynamic": False,
+                   "dynamic-per-channel": False}
 NBITS_BLOCK_SIZE = 32  # weights per scale in MatMulNBits
-# 1 = FP32 compute on de-quantized weights: batch-invariant. 4 (int8 activations per block of a row)
-# is NOT: on the demo 0.5B a session's probabilities moved by up to 0.016 inside a padded batch
-# (the kernel path depends on the batch shape); see docs/benchmarks.md
+# 1 = FP32 compute on de-quantized weights: batch-invariant. 4 = int8 activations per block of a
+# row: rows are independent for M >= 2, but M = 1 takes another kernel path (on the demo 0.5B a
+# decode step's logits moved by 0.41 between M = 1 and M = 4; M = 2, 3, 4 and 8 vs 32 were equal),
+# hence MIN_ROWS: OnnxCausalLM pads a one-row forward to two (docs/benchmarks.md)
 NBITS_ACCURACY_LEVEL = 1
+ACCURACY_LEVEL = {"matmulnbits4": NBITS_ACCURACY_LEVEL, "matmulnbits8": NBITS_ACCURACY_LEVEL, "matmulnbits4-int8": 4}
+MIN_ROWS = {"matmulnbits4-int8": 2}  # rows every MatMul of the model needs to take its batch-invariant path
 AUTO_AGREEMENT_SLACK = 0.05  # "equal agreement": within 5 points of the best mode (see pick_fastest)
 DEFAULT_REASON = ("default: weight-only 4-bit MatMulNBits (FP32 activations and compute), so a session's "
                   "tokens do not depend on the batch, at a third of FP32's decode step (docs/benchmarks.md)")
@@ -68,13 +79,13 @@ def quantize_dynamic_int8(src_dir: Path, dst_dir: Path, per_channel: bool) -> No
     )
 
 
-def quantize_nbits(src_dir: Path, dst_dir: Path, bits: int) -> None:
-    """Weight-only blockwise quantization of every MatMul with constant weights (MatMulNBits)."""
+def quantize_nbits(src_dir: Path, dst_dir: Path, bits: int, accuracy_level: int = NBITS_ACCURACY_LEVEL) -> None:
+    """Blockwise quantization of every MatMul with constant weights (MatMulNBits)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quant = MatMulNBitsQuantizer(
         str(Path(src_dir) / MODEL_FILE), bits=bits, block_size=NBITS_BLOCK_SIZE,
-        is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL,
+        is_symmetric=True, accuracy_level=accuracy_level,
     )
     quant.process()
     out = Path(dst_dir) / MODEL_FILE
@@ -91,11 +102,11 @@ def quantize_light(src_dir: Path, dst_dir: Path, mode: str) -> ModelInfo:
         shutil.rmtree(dst_dir)
     dst_dir.mkdir(parents=True)
     if mode in NBITS:
-        quantize_nbits(src_dir, dst_dir, NBITS[mode])
+        quantize_nbits(src_dir, dst_dir, NBITS[mode], ACCURACY_LEVEL[mode])
     else:
         quantize_dynamic_int8(src_dir, dst_dir, per_channel=(mode == "dynamic-per-channel"))
     info = ModelInfo.load(Path(src_dir) / INFO_FILE)
-    info = ModelInfo(**{**info.__dict__, "precision": PRECISION_NAMES[mode]})
+    info = ModelInfo(**{**info.__dict__, "precision": PRECISION_NAMES[mode], "min_rows": MIN_ROWS.get(mode, 1)})
     info.save(dst_dir / INFO_FILE)
     return info
 
