@@ -106,7 +106,8 @@ def _nbits_session(k: int, n: int, accuracy_level: int):
     graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
                               [numpy_helper.from_array(weights, "B"), numpy_helper.from_array(scales, "S")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
