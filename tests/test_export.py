@@ -36,13 +36,14 @@ def test_default_quantization_is_the_documented_mode(tiny_export):
     """No --light-quant: the documented default, validated, not timed, with its reason."""
     out, report = tiny_export
     light = report["light"]
-    assert ExportOptions().light_quant == quantize.DEFAULT_MODE == "matmulnbits4"
+    assert ExportOptions().light_quant == quantize.DEFAULT_MODE == "matmulnbits4-int8"
     assert light["precision"] == quantize.PRECISION_NAMES[quantize.DEFAULT_MODE]
     assert set(light["quant_candidates"]) == {quantize.DEFAULT_MODE}
     cand = light["quant_candidates"][quantize.DEFAULT_MODE]
     print(f"light default: top-1 {cand['top1_agreement']:.3f}, {cand['onnx_bytes']} B")
     assert "step_ms_b1" not in cand and "step_ms_b8" not in cand
     assert cand["batch_invariant"] is True
+    assert json.loads((out / "light" / "1" / "model.json").read_text())["min_rows"] == 2  # its padding is declared
     assert light["validation"]["top1_agreement"] >= max(INT4_SANE_FLOOR, INT8_MIN_AGREEMENT)
     saved = json.loads((out / "export.json").read_text())
     assert saved["light_quantization"] == {"mode": light["precision"], "reason": quantize.DEFAULT_REASON}
@@ -74,7 +75,7 @@ def _export_light(tiny_pair, work, monkeypatch, light_quant: str) -> tuple[pipel
 
 def test_only_auto_takes_timings(tiny_pair, tmp_path, monkeypatch):
     build, timings = _export_light(tiny_pair, tmp_path / "default", monkeypatch, quantize.DEFAULT_MODE)
-    assert timings == [] and build.precision == "int4-matmulnbits"
+    assert timings == [] and build.precision == quantize.PRECISION_NAMES[quantize.DEFAULT_MODE]
     build, timings = _export_light(tiny_pair, tmp_path / "fixed", monkeypatch, "dynamic")
     assert timings == [] and build.precision == "int8-dynamic"
     assert build.quant_reason.startswith("requested with --light-quant dynamic")

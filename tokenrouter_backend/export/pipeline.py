@@ -421,7 +421,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=RUNTIMES, default="onnx",
                         help="onnx: ONNX branches (default); torch: HF folders run by torch (KV on the GPU)")
     parser.add_argument("--light-quant", choices=LIGHT_QUANT_CHOICES, default=quantize.DEFAULT_MODE,
-                        help=f"light INT8 mode (default {quantize.DEFAULT_MODE}: batch-invariant); "
+                        help=f"light quantization (default {quantize.DEFAULT_MODE}: batch-invariant); "
                              "auto = fastest at equal top-1 agreement, timed on this machine")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per branch (0 = default)")
     parser.add_argument("--max-context", type=int, default=0, help="0 = the models' max positions")

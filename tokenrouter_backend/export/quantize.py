@@ -1,13 +1,13 @@
 """Light-branch quantization of an exported FP32 ONNX model (onnxruntime.quantization).
 
 Modes (``--light-quant``):
-  matmulnbits4 (default)  weight-only: 4-bit symmetric blockwise weights in MatMulNBits,
+  matmulnbits4            weight-only: 4-bit symmetric blockwise weights in MatMulNBits,
                           FP32 activations and compute (accuracy_level 1), so a row's logits
                           do not depend on the other rows of the batch; ONNX Runtime's CPU has
                           a fast FP32-compute kernel for 4-bit weights
-  matmulnbits4-int8       4-bit weights as above, int8 activations and compute (accuracy_level 4,
-                          one scale per block of a row): about 3x faster per decode step on an
-                          AVX2 CPU. ONNX Runtime runs a single-row product (M = 1) on another
+  matmulnbits4-int8       (default) 4-bit weights as above, int8 activations and compute
+                          (accuracy_level 4, one scale per block of a row): a decode step about
+                          half matmulnbits4's on an AVX2 CPU. ONNX Runtime runs a single-row product (M = 1) on another
                           kernel path than M >= 2, whose rows do not depend on each other; the
                           model declares ``min_rows`` 2 and ``OnnxCausalLM`` pads a one-row
                           forward to two, so it stays batch-invariant
@@ -37,7 +37,7 @@ from tokenrouter_backend.engine.onnx_lm import INFO_FILE, MODEL_FILE, ModelInfo
 from .onnx_export import DATA_FILE, EXTERNAL_DATA_BYTES
 
 QUANT_MODES = ("matmulnbits4", "matmulnbits4-int8", "matmulnbits8", "dynamic", "dynamic-per-channel")
-DEFAULT_MODE = "matmulnbits4"
+DEFAULT_MODE = "matmulnbits4-int8"
 AUTO = "auto"
 # what `auto` builds and times: matmulnbits8 is left out (its CPU kernel makes a timed step take seconds)
 AUTO_MODES = ("matmulnbits4", "matmulnbits4-int8", "dynamic", "dynamic-per-channel")
@@ -60,8 +60,9 @@ NBITS_ACCURACY_LEVEL = 1
 ACCURACY_LEVEL = {"matmulnbits4": NBITS_ACCURACY_LEVEL, "matmulnbits8": NBITS_ACCURACY_LEVEL, "matmulnbits4-int8": 4}
 MIN_ROWS = {"matmulnbits4-int8": 2}  # rows every MatMul of the model needs to take its batch-invariant path
 AUTO_AGREEMENT_SLACK = 0.05  # "equal agreement": within 5 points of the best mode (see pick_fastest)
-DEFAULT_REASON = ("default: weight-only 4-bit MatMulNBits (FP32 activations and compute), so a session's "
-                  "tokens do not depend on the batch, at a third of FP32's decode step (docs/benchmarks.md)")
+DEFAULT_REASON = ("default: 4-bit MatMulNBits weights with int8 compute, half matmulnbits4's decode step on an "
+                  "AVX2 CPU; a one-row forward runs as two rows (min_rows), so a session's tokens do not depend "
+                  "on the batch (docs/benchmarks.md)")
 
 
 def _has_data(src_dir: Path) -> bool:
