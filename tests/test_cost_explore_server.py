@@ -50,6 +50,9 @@ def test_heavy_only_start_then_verify_explores_and_measures_the_light_model(repo
     fixed = "tokenrouter_router_cost_fixed_ms"
     assert settled(server.metrics_url, fixed, lambda v: v >= 0, branch="heavy") >= 0  # the heavy curve is fitted
     assert total(scrape(server.metrics_url), fixed, branch="light") == -1  # the light model never ran
+    stalls = [v for (n, lab), v in scrape(server.metrics_url).items()
+              if n == "tokenrouter_router_cost_stall_ratio" and 'branch="heavy"' in lab]
+    assert len(stalls) == 1 and 0 <= stalls[0] < 0.5  # exported beside the curve; a quiet test server barely stalls
 
     first = triton_client.generate_http(url, PROMPTS[0], max_tokens=32, router_mode="verify", **NO_REUSE)
     s = first.stats

@@ -83,6 +83,37 @@ def test_curve_fit_recovers_fixed_and_per_token_cost():
     assert 1.0 < curve.batch <= 4.0
 
 
+def test_curve_fit_leaves_stalls_out():
+    """A few steps stalled for seconds (page-ins after a paused VM) do not bend the curve:
+    plain least squares over these samples clips per_token to 0."""
+    rng = np.random.default_rng(0)
+    curve = CostCurve(window=256, min_samples=8)
+    for _ in range(120):
+        tokens = int(rng.integers(1, 49))
+        curve.observe(1, tokens, (220.0 + 20.0 * tokens) * rng.uniform(0.9, 1.1), 8)
+    for _ in range(12):
+        curve.observe(1, int(rng.integers(1, 9)), 3000.0 * rng.uniform(0.9, 1.2), 1)
+    data = np.asarray(curve.samples)
+    (_, plain_per_token), *_ = np.linalg.lstsq(data[:, :2], data[:, 2], rcond=None)
+    assert plain_per_token < 0  # what the fit did before: clipped to a flat curve
+    fit = curve.curve
+    assert fit.fixed == pytest.approx(220.0, rel=0.1) and fit.per_token == pytest.approx(20.0, rel=0.1)
+    assert curve.stalls == 12 and curve.stall_ratio == pytest.approx(12 / 132)
+
+
+def test_curve_fit_keeps_contended_steps():
+    """Steps slowed by the other branch (up to ~2.6x here) are cost, not stalls: they stay in."""
+    rng = np.random.default_rng(2)
+    curve = CostCurve(window=256, min_samples=8)
+    for i in range(100):
+        tokens = int(rng.integers(1, 33))
+        slow = 2.6 if i % 3 == 0 else 1.0
+        curve.observe(1, tokens, slow * (200.0 + 20.0 * tokens), 4)
+    fit = curve.curve
+    assert curve.stalls == 0
+    assert fit.ms(16) > 1.2 * (200.0 + 20.0 * 16)  # the contended third raises the curve
+
+
 def test_one_token_count_only_is_not_separable():
     curve = CostCurve(window=64, min_samples=4)
     for _ in range(20):

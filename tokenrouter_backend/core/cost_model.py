@@ -109,6 +109,7 @@ class CostCurve:
         self.batch = 1.0  # EWMA of sessions per forward
         self._fit: Curve | None = None
         self._stale = True
+        self.stalls = 0  # steps the last fit left out as stalls (see _solve)
 
     def observe(self, forwards: int, tokens: int, ms: float, batch_size: int) -> None:
         """One step: ``forwards`` forwards carrying ``tokens`` padded tokens in all took ``ms``."""
@@ -117,6 +118,11 @@ class CostCurve:
         self.samples.append((float(forwards), float(tokens), float(ms)))
         self.batch = 0.9 * self.batch + 0.1 * max(1, batch_size)
         self._stale = True
+
+    @property
+    def stall_ratio(self) -> float:
+        """Share of the window the last fit left out as stalls."""
+        return self.stalls / len(self.samples) if self.samples else 0.0
 
     @property
     def curve(self) -> Curve | None:
@@ -130,16 +136,44 @@ class CostCurve:
         if len(self.samples) < self.min_samples:
             return None
         data = np.asarray(self.samples)
-        per_forward = data[:, 1] / data[:, 0]
-        if np.ptp(per_forward) < 1.0:  # one token count only: fixed and per-token cost are not separable
+        if not _separable(data):
             return None
-        # ms = fixed * forwards + per_token * tokens, both >= 0 (clipped: solve the other alone)
-        (fixed, per_token), *_ = np.linalg.lstsq(data[:, :2], data[:, 2], rcond=None)
-        if fixed < 0:
-            fixed, per_token = 0.0, float(data[:, 2].sum() / data[:, 1].sum())
-        elif per_token < 0:
-            fixed, per_token = float(data[:, 2].sum() / data[:, 0].sum()), 0.0
-        return Curve(float(fixed), float(per_token))
+        # A stall (page-ins, a paused VM, a swapped-out stub) makes a few steps take many times
+        # their usual time; least squares would bend the whole window's curve toward them (seen:
+        # a handful of 3 s heavy steps clipped per_token to 0). Steps off the fit by more than
+        # STALL_FACTOR either way are left out and the fit is redone until it settles; a
+        # contended forward (both branches on the same cores: up to ~2.6x) stays in.
+        keep = np.ones(len(data), dtype=bool)
+        fit = _least_squares(data)
+        for _ in range(STALL_REFITS):
+            ratio = data[:, 2] / np.maximum(data[:, 0] * fit.fixed + data[:, 1] * fit.per_token, 1e-9)
+            kept = (ratio <= STALL_FACTOR) & (ratio >= 1.0 / STALL_FACTOR)
+            if (kept == keep).all() or kept.sum() < self.min_samples or not _separable(data[kept]):
+                break
+            keep = kept
+            fit = _least_squares(data[keep])
+        self.stalls = int(len(data) - keep.sum())
+        return fit
+
+
+STALL_FACTOR = 3.0  # a step taking over this many times its fitted time (or under 1/this) is a stall
+STALL_REFITS = 8  # most refits after leaving stalls out (the fit settles in 2-4)
+
+
+def _separable(data: np.ndarray) -> bool:
+    """Whether the steps carry more than one token count per forward (else fixed and
+    per-token cost cannot be told apart)."""
+    return bool(np.ptp(data[:, 1] / data[:, 0]) >= 1.0)
+
+
+def _least_squares(data: np.ndarray) -> Curve:
+    """ms = fixed * forwards + per_token * tokens, both >= 0 (one clipped: the other alone)."""
+    (fixed, per_token), *_ = np.linalg.lstsq(data[:, :2], data[:, 2], rcond=None)
+    if fixed < 0:
+        fixed, per_token = 0.0, float(data[:, 2].sum() / data[:, 1].sum())
+    elif per_token < 0:
+        fixed, per_token = float(data[:, 2].sum() / data[:, 0].sum()), 0.0
+    return Curve(float(fixed), float(per_token))
 
 
 def with_prior(hits: float, misses: float, prior: float, weight: float) -> float:

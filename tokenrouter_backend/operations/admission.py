@@ -188,10 +188,11 @@ class Operations:
                ("tokenrouter_router_metric_updates_dropped_total", {}, 0)]
         out += [("tokenrouter_router_override_active", {"mode": m.value}, float(m == forced))
                 for m in Mode]
-        for branch, curve in ((HEAVY, self.costs.heavy.curve), (LIGHT, self.costs.light.curve)):
-            labels = {"branch": branch}
+        for branch, costs in ((HEAVY, self.costs.heavy), (LIGHT, self.costs.light)):
+            labels, curve = {"branch": branch}, costs.curve
             out += [("tokenrouter_router_cost_fixed_ms", labels, -1.0 if curve is None else curve.fixed),
-                    ("tokenrouter_router_cost_per_token_ms", labels, -1.0 if curve is None else curve.per_token)]
+                    ("tokenrouter_router_cost_per_token_ms", labels, -1.0 if curve is None else curve.per_token),
+                    ("tokenrouter_router_cost_stall_ratio", labels, costs.stall_ratio)]
         out += self._dropped_increments()
         return out
 
