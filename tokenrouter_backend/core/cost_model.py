@@ -133,6 +133,7 @@ class CostCurve:
         return self._fit
 
     def _solve(self) -> Curve | None:
+        self.stalls = 0  # no fit, no stalls: a fit that returns None must not keep the last one's count
         if len(self.samples) < self.min_samples:
             return None
         data = np.asarray(self.samples)

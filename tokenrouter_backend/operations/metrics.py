@@ -106,7 +106,8 @@ SPECS = (
     MetricSpec("tokenrouter_router_cost_per_token_ms",
                "Fitted cost per padded token of a branch forward (ms; -1 = not fitted yet)", GAUGE, ("branch",)),
     MetricSpec("tokenrouter_router_cost_stall_ratio",
-               "Share of a branch's fit window left out of its cost curve as stalls (over 3x the fitted time)",
+               "Share of a branch's fit window left out of its cost curve as stalls "
+               "(over 3x or under 1/3 of the fitted time)",
                GAUGE, ("branch",)),
 )
 SPEC_BY_NAME = {s.name: s for s in SPECS}
