@@ -63,9 +63,9 @@ def test_frontier_plot_is_written_for_records_with_a_heavy_arm(tmp_path):
 
 
 def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(problem, monkeypatch, tmp_path):
-    """Per problem and format: one unrecorded verify request with a fixed schedule (both
-    branches prefill) first, then every arm with the same prompt; every request refuses the
-    decision cache."""
+    """Per problem and format: unrecorded 2-token requests to each branch alone first (both
+    branches prefill; a verify request would leave the light model out of a 2-token answer),
+    then every arm with the same prompt; every request refuses the decision cache."""
     from tokenrouter_backend.client import humaneval, triton_client
 
     sent = []
@@ -80,10 +80,11 @@ def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(probl
     records = humaneval.run("x:1", [problem], ["raw", "chat"], arms, 16,
                             lambda messages: "<user>" + messages[0]["content"] + "<assistant>", tmp_path / "he.jsonl",
                             log=lambda _line: None)
-    assert len(sent) == 8 and all(k["answer_cache"] is False for _, k in sent)
-    for group in (sent[:4], sent[4:]):
-        (warm_prompt, warm), *measured = group
-        assert warm["max_tokens"] == 2 and warm["router_mode"] == "verify" and warm["block_schedule"] == "fixed"
+    assert len(sent) == 10 and all(k["answer_cache"] is False for _, k in sent)
+    for group in (sent[:5], sent[5:]):
+        (warm_prompt, warm_heavy), (light_prompt, warm_light), *measured = group
+        assert [w["router_mode"] for w in (warm_heavy, warm_light)] == ["heavy", "light"]
+        assert warm_heavy["max_tokens"] == warm_light["max_tokens"] == 2 and light_prompt == warm_prompt
         assert {p for p, _ in measured} == {warm_prompt}
         assert [k["router_mode"] for _, k in measured] == ["heavy", "route", "route"]
     assert sent[0][0] == problem["prompt"] and len(records) == 6

@@ -116,6 +116,20 @@ def test_blocks_are_shared_counted_and_kept_after_release():
     assert all(b.refs == 0 for b in shared)
 
 
+def test_a_session_served_in_one_step_shares_its_prompt_after_release():
+    # a short request's light session: one step (prefill + drafts), then released; its
+    # blocks are promoted at release, so the next request with the same prompt reuses them
+    cached, plain = engine(True), engine(False)
+    prompt = SYSTEM + (40, 41)  # 20 tokens: 5 full blocks
+    first = run1(cached, BranchOp(1, 0, prompt, draft_len=3, score_last=1))
+    cached.run([BranchOp(1, 0, (1,), release=True)])
+    assert cached.store.session_count == 0 and cached.store.session_bytes == 0
+    assert cached.store.prefix_cache.block_count == 5
+    again = run1(cached, BranchOp(2, 0, prompt, draft_len=3, score_last=1))
+    assert first.reused_tokens == 0 and again.reused_tokens == 19  # all but the scored last position
+    same(again, run1(plain, BranchOp(1, 0, prompt, draft_len=3, score_last=1)))
+
+
 def test_idle_blocks_yield_to_new_sessions_but_shared_ones_stay():
     model = ToyLM(max_positions=256)
     shape = KVShape.from_info(model.info)

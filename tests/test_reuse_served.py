@@ -107,6 +107,13 @@ def test_prefix_cache_changes_no_token(tmp_path, tiny_repository, prompts, start
     assert verify[0]["light_reused_tokens"] == 0  # the light branch's first request
     assert all(s["light_reused_tokens"] > 0 for s in verify[1:5])
     assert not any(s["light_skipped"] for s in verify)
+    # a request served in one branch call (a prompt of one chunk, one token) caches its prompt
+    # when its session is released: the next request with that prompt reuses it
+    one_call = prompts[0][::-1][:CHUNK]
+    for mode, key in (("light", "light_reused_tokens"), ("heavy", "heavy_reused_tokens")):
+        first = router_tokens(warm.grpc_url, one_call, max_tokens=1, router_mode=mode)[1]
+        again = router_tokens(warm.grpc_url, one_call, max_tokens=1, router_mode=mode)[1]
+        assert (first[key], again[key]) == (0, CHUNK - 1), (mode, first, again)
     for branch in ("heavy", "light"):
         hits = metric(warm, "tokenrouter_prefix_cache_hit_tokens_total", branch)
         looked = metric(warm, "tokenrouter_prefix_cache_lookup_tokens_total", branch)

@@ -8,12 +8,20 @@ or its whole answer. ``for_arm`` starts each prompt with a short comment line na
 nonce of the arm: the hash chain of the prefix cache differs from the first block on, and
 no prompt repeats across arms, while every arm keeps the same text after that line and
 the same length (the nonce has a fixed width). Requests also say ``answer_cache: false``
-(``NO_REUSE_KNOBS``)."""
+(``NO_REUSE_KNOBS``).
+
+The opposite case, every arm on the same prompt (HumanEval: a different prompt would change
+heavy's own answer), is made fair the other way round: before the arms, ``PREWARM_REQUESTS``
+put the prompt's KV in both branches' prefix caches, so no arm pays a prefill another
+skips. One request per branch, each branch alone: a verify request would not do it, since
+the cost model keeps the light model out of a 2-token answer."""
 from __future__ import annotations
 
 import hashlib
 
 NO_REUSE_KNOBS = {"answer_cache": False}
+PREWARM_REQUESTS = ({"router_mode": "heavy", "max_tokens": 2, **NO_REUSE_KNOBS},
+                    {"router_mode": "light", "max_tokens": 2, **NO_REUSE_KNOBS})
 
 
 def nonce(*parts: object) -> str:

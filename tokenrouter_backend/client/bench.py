@@ -28,6 +28,7 @@ from pathlib import Path
 from tokenrouter_backend.server.restrictions import ADMIN_KEY_ENV
 
 from . import report
+from .arm_prompts import PREWARM_REQUESTS
 from .portable_paths import portable_command, portable_path
 from .records import RECORDS_JSONL, Arm, RunRecord, append_record, build_results
 from .workloads import ALL_WORKLOADS, Prompt, load_workloads
@@ -112,15 +113,15 @@ def warm_up(arms: list[Arm], prompt: Prompt, url: str | None, peers, log) -> Non
 
 
 def prewarm(url: str | None, prompt: Prompt) -> None:
-    """One unrecorded request puts the prompt's KV in both branches' prefix caches, so every
+    """Unrecorded requests put the prompt's KV in both branches' prefix caches, so every
     Triton arm starts from a cached prompt (otherwise the first arm on a prompt would pay
-    the prefill the later ones skip)."""
+    the prefill the later ones skip; ``arm_prompts.PREWARM_REQUESTS``)."""
     if url is None:
         return
     from .triton_client import generate_grpc
 
-    generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, max_tokens=2, router_mode="verify",
-                  answer_cache=False)
+    for knobs in PREWARM_REQUESTS:
+        generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, **knobs)
 
 
 def run_interleaved(prompts: list[Prompt], arms: list[Arm], repeats: int, max_tokens: int,

@@ -18,10 +18,10 @@ request bar ``router_threshold`` T: the router's speed / quality frontier).
 
 Arms share problems, and the server reuses work across requests (prefix KV cache, decision
 cache). Every arm sends the same prompt (a different prompt would change heavy's own
-answer), so before the arms run, one unrecorded verify request (``prewarm``: 2 tokens, fixed
-block schedule, so both branches prefill) puts the prompt's KV in both branches' prefix
-caches: every arm then starts from the same cached prompt (its last partial 32-token block
-excepted), and no arm pays a prefill another skips. Every request says
+answer), so before the arms run, two unrecorded requests (``prewarm``: 2 tokens of heavy
+mode, 2 of light mode, ``arm_prompts.PREWARM_REQUESTS``) put the prompt's KV in both
+branches' prefix caches: every arm then starts from the same cached prompt (its last partial
+32-token block excepted), and no arm pays a prefill another skips. Every request says
 ``answer_cache: false``, so no arm is handed another arm's answer. Tokens/s is therefore
 decode speed over a cached prompt.
 """
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .arm_prompts import NO_REUSE_KNOBS
+from .arm_prompts import NO_REUSE_KNOBS, PREWARM_REQUESTS
 from .quality import HUMANEVAL_STOPS, HUMANEVAL_TIMEOUT_S, truncate_humaneval
 
 FORMATS = ("raw", "chat")
@@ -82,11 +82,12 @@ def _bar(spec: str, high: float) -> float:
 
 
 def prewarm(url: str, prompt: str) -> None:
-    """One unrecorded verify request (2 tokens, fixed schedule: the light model drafts) puts
-    the prompt's KV in both branches' prefix caches (see the module docstring)."""
+    """Unrecorded requests that put the prompt's KV in both branches' prefix caches (see the
+    module docstring)."""
     from .triton_client import generate_http
 
-    generate_http(url, prompt, max_tokens=2, router_mode="verify", block_schedule="fixed", **NO_REUSE_KNOBS)
+    for knobs in PREWARM_REQUESTS:
+        generate_http(url, prompt, **knobs)
 
 
 def chat_prompt(problem: dict, render: Callable[[list[dict]], str]) -> str:

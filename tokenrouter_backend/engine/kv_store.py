@@ -168,7 +168,13 @@ class KVStore:
         return s
 
     def release(self, session_id: int) -> bool:
-        """Drop a session; False when it did not exist."""
+        """Drop a session; False when it did not exist. With the prefix cache on, the full
+        blocks of its private tail go into the cache first: blocks are otherwise promoted when
+        a session is opened again, so a session served in one step (a short request's light
+        prefill and drafts) would never share its prompt with the next request."""
+        s = self._sessions.get(session_id)
+        if s is not None and self.prefix_cache is not None and not s.gap:
+            self._promote(s, keep_tail=False)
         return self._drop(session_id)
 
     def expire(self) -> list[int]:
@@ -292,8 +298,9 @@ class KVStore:
         s.length = keep_len
         del s.tokens[keep_len:]
 
-    def _promote(self, s: Session) -> None:
-        """Move the tail's full blocks into the cache (or onto identical cached ones)."""
+    def _promote(self, s: Session, keep_tail: bool = True) -> None:
+        """Move the tail's full blocks into the cache (or onto identical cached ones); without
+        ``keep_tail`` (the session is being dropped) the rest of the tail is left as it is."""
         cache, size = self.prefix_cache, self.prefix_cache.block_tokens
         moved = 0
         while s.length - s.prefix_len >= size:
@@ -308,7 +315,7 @@ class KVStore:
                 blk = cache.insert(key, kv, size * self.shape.bytes_per_token())
             s.blocks.append(blk)
             moved += 1
-        if moved:
+        if moved and keep_tail:
             held = s.length - s.prefix_len
             new = self.arrays.empty(tuple(s.buf.shape[:3]) + (max(MIN_CAPACITY, 2 * held),) + tuple(s.buf.shape[4:]))
             new[:, :, :, :held] = s.buf[:, :, :, moved * size:moved * size + held]
