@@ -237,3 +237,23 @@ def test_a_vanished_session_is_re_prefilled_and_counted():
     ref, _, _, _ = run(PROMPTS[2], "verify")
     out, stats, _, _ = run(PROMPTS[2], "verify", light=light, heavy=heavy)
     assert out == ref and stats.reprefills == 1 and stats.reprefill_tokens > 0
+
+
+def test_route_check_holds_later_confident_drafts_to_the_rollback_rule():
+    """A heavy check from a block's first unsure draft verifies the unsure drafts (each is the
+    heavy model's greedy choice) and lets a later confident draft stand unless strongly
+    rejected. A draft kept unchecked right after a verified one exists only under that rule:
+    otherwise a check ends on the heavy model's own token."""
+    light, heavy = FakeBranch("light", ToyLM(seed=3, noise=1.5)), FakeBranch("heavy", ToyLM())
+    after_verified = verified = 0
+    for prompt in PROMPTS:
+        out, stats, _, _ = run(prompt, "route", light=light, heavy=heavy, max_tokens=40, block_size=8,
+                               block_schedule="fixed", confidence_threshold=0.5, rollback_threshold=0.0,
+                               heavy_first=False)
+        seq, kinds = list(prompt) + out, stats.token_kinds
+        for i, kind in enumerate(kinds):
+            if kind == "v":
+                verified += 1
+                assert out[i] == int(np.argmax(ToyLM().logits(seq[: len(prompt) + i])))
+            after_verified += kind == "u" and i > 0 and kinds[i - 1] == "v"
+    assert verified > 0 and after_verified > 0

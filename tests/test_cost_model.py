@@ -409,3 +409,16 @@ def test_an_unmeasured_light_model_is_explored_by_requests_with_a_cheap_light_pr
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError):
             CostConfig(explore_share=bad)
+
+
+def test_route_blocks_grow_when_later_confident_drafts_survive_the_check():
+    """A check holds confident drafts after the first unsure one to the rollback rule only, so
+    one heavy forward covers a long block: at the demo pair's fitted CPU curves, route plans
+    longer blocks than verify at the same acceptance, and a block of 8 beats one of 2."""
+    p = Planner(Curve(229.4, 6.8), Curve(32.5, 2.8))
+    assert p.best_route_block(0.8, 0.8, 16) >= 8 > p.best_block(0.8, 16)
+    assert p.route_rate(8, 0.8, 0.8) > p.route_rate(2, 0.8, 0.8)
+    # k = 1: the one draft stands, or is checked and stands at acceptance a, plus the heavy token
+    s, a = 0.8, 0.6
+    ms = 32.5 + 2.8 + 6.8 * 2 + (1 - s) * 229.4
+    assert p.route_rate(1, a, s) == pytest.approx((s + (1 - s) * (1 + a)) / ms)

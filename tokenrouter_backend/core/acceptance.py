@@ -15,6 +15,12 @@ the first one the heavy model strongly rejects (not its choice, and given probab
 below the rollback threshold) is replaced by the heavy choice and everything after it is
 dropped. Ending is critical both ways: where the heavy model's own choice is to end (an
 end token) and the light model went on, that position is rejected whatever the threshold.
+
+Route check (``accept_route``): a heavy check over a block's drafts from its first unsure
+one judges each draft by the gate's own verdict on it: one the gate let stand is held to the
+rollback rule (it stands unless strongly rejected), any other is verified as in verify mode.
+A confident draft after an unsure one is thus held to the same rule as a confident draft
+before it.
 """
 from __future__ import annotations
 
@@ -65,6 +71,47 @@ def accept_speculative(
         # p == q up to rounding: any draw from p is exact
         dist = residual / total if total > 0 else p[i]
         return Verdict(i, _draw(dist, rng))
+    rng = position_rng(seed, first_position + d, ACCEPT_STREAM)
+    return Verdict(d, _draw(p[d], rng), bonus=True)
+
+
+def accept_route(
+    drafts: np.ndarray, relaxed: np.ndarray, heavy_choices: np.ndarray, heavy_probs: np.ndarray, threshold: float,
+    end_tokens: frozenset[int] = frozenset(), q: np.ndarray | None = None, p: np.ndarray | None = None,
+    seed: int = 0, first_position: int = 0,
+) -> Verdict:
+    """Route's check of drafts [d] (from a block's first unsure draft on).
+
+    ``relaxed`` [d]: the drafts the route gate let stand; each stands unless the heavy model
+    strongly rejects it (``first_strong_rejection``'s rule), and where it is rejected the
+    heavy model's own choice follows. Every other draft is verified: greedy (``q`` None) it
+    must be ``heavy_choices`` [d + 1] (the heavy model's choice before each draft and after
+    the last), sampling it stands with probability min(1, p(x)/q(x)) and a rejection draws
+    from the residual, as ``accept_speculative`` (``q`` [d, V], ``p`` [d + 1, V]).
+    ``heavy_probs`` [d]: the heavy model's probability of each draft.
+    """
+    d = len(drafts)
+    assert len(heavy_choices) == d + 1 and len(heavy_probs) == d and len(relaxed) == d
+    ends = np.asarray(list(end_tokens), np.int64)
+    for i, x in enumerate(np.asarray(drafts, np.int64)):
+        choice = int(heavy_choices[i])
+        if relaxed[i]:
+            if x != choice and (float(heavy_probs[i]) < threshold or choice in ends):
+                return Verdict(i, choice)
+            continue
+        if q is None:
+            if x != choice:
+                return Verdict(i, choice)
+            continue
+        rng = position_rng(seed, first_position + i, ACCEPT_STREAM)
+        px, qx = float(p[i, x]), float(q[i, x])
+        if rng.random() * qx <= px:
+            continue
+        residual = np.maximum(p[i] - q[i], 0.0)
+        total = residual.sum()
+        return Verdict(i, _draw(residual / total if total > 0 else p[i], rng))
+    if q is None:
+        return Verdict(d, int(heavy_choices[d]), bonus=True)
     rng = position_rng(seed, first_position + d, ACCEPT_STREAM)
     return Verdict(d, _draw(p[d], rng), bonus=True)
 

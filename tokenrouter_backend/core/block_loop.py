@@ -9,7 +9,9 @@
                         one heavy forward — no light forward (``ngram.py``)
         route         : light drafts; confident tokens are committed unchecked; at the first
                         unconfident token heavy scores everything it has not seen, rolls
-                        back to the first token it strongly rejects, and supplies the token
+                        back to the first token it strongly rejects, verifies the unsure
+                        drafts (later confident ones only need not be strongly rejected),
+                        and supplies the token
         emit the tokens no later rollback can touch (and no later stop string can cut)
 
 Which route drafts count as confident is ``route_gate.RouteGate`` (critical classes, learned
@@ -32,7 +34,12 @@ from typing import Awaitable, Callable, Sequence
 import numpy as np
 
 from tokenrouter_backend.core import policy
-from tokenrouter_backend.core.acceptance import accept_greedy, accept_speculative, first_strong_rejection
+from tokenrouter_backend.core.acceptance import (
+    accept_greedy,
+    accept_route,
+    accept_speculative,
+    first_strong_rejection,
+)
 from tokenrouter_backend.core.answer_cache import AnswerCache
 from tokenrouter_backend.core.block_notes import BlockNote, BlockStart, block_record, note_route_verdicts
 from tokenrouter_backend.core.branch import Branch
@@ -258,14 +265,17 @@ class BlockLoop:
         accepted = confident
         if len(unsure):
             q = lres.dist[-len(unsure) :] if want_dist else None
-            accepted += await self.heavy_check(unsure, q)
+            accepted += await self.heavy_check(unsure, q, relaxed=gate.ok[confident : confident + len(unsure)])
         self.block = policy.next_block_size(p, self.block, len(drafts), accepted)
 
-    async def heavy_check(self, unsure, q, want_dist: bool | None = None, source: str = LIGHT) -> int:
+    async def heavy_check(self, unsure, q, want_dist: bool | None = None, source: str = LIGHT,
+                          relaxed: np.ndarray | None = None) -> int:
         """One heavy forward over unchecked tokens + unsure drafts; returns drafts accepted.
 
         ``q``: the drafts' proposal distributions (speculative sampling); None with
-        ``want_dist`` set means deterministic drafts (n-gram): a one-hot q."""
+        ``want_dist`` set means deterministic drafts (n-gram): a one-hot q. ``relaxed``: per
+        draft, the route gate let it stand (held to the rollback rule, ``accept_route``);
+        None or none set: every draft is verified."""
         want_dist = q is not None if want_dist is None else want_dist
         step = await self.heavy.step(self.tokens, extra=unsure, score_from=self._unvouched_from(),
                                      sampling=self.sampling, return_dist=want_dist)
@@ -275,7 +285,13 @@ class BlockLoop:
             note_route_verdicts(self._note, hres, first_input, len(self.tokens))
         accepted = 0
         if not self._rollback(list(self.tokens), hres, first_input):
-            if want_dist:
+            if relaxed is not None and np.any(relaxed):
+                verdict = accept_route(
+                    unsure, relaxed, hres.tokens[-(m + 1) :], hres.input_probs[len(hres.input_probs) - m :],
+                    self.params.rollback_threshold, self.request.end_tokens, q=q if want_dist else None,
+                    p=hres.dist[-(m + 1) :] if want_dist else None, seed=self.sampling.seed,
+                    first_position=len(self.tokens))
+            elif want_dist:
                 q = one_hot(unsure, hres.dist.shape[1]) if q is None else q
                 verdict = accept_speculative(unsure, q, hres.dist[-(m + 1) :], self.sampling.seed, len(self.tokens))
             else:
@@ -283,7 +299,9 @@ class BlockLoop:
             self.stats.verify_blocks += 1
             accepted = verdict.accepted
             self.route_context.observe(accepted, min(accepted + 1, m))
-            self.commit(unsure[:accepted], source, Kind.LIGHT_VERIFIED if source == LIGHT else Kind.COPIED)
+            checked = Kind.LIGHT_VERIFIED if source == LIGHT else Kind.COPIED
+            for run, stood in _runs(unsure[:accepted], relaxed):
+                self.commit(run, source, Kind.LIGHT_UNCHECKED if stood else checked)
             self.commit([verdict.next_token], HEAVY)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
@@ -508,6 +526,17 @@ async def generate(
         return stats
     finally:
         await loop.release()
+
+
+def _runs(tokens, relaxed: np.ndarray | None):
+    """(tokens, stood unchecked) runs of accepted drafts: a draft the gate let stand went in
+    under the rollback rule only, any other was verified."""
+    flags = [relaxed is not None and i < len(relaxed) and bool(relaxed[i]) for i in range(len(tokens))]
+    start = 0
+    for i in range(1, len(tokens) + 1):
+        if i == len(tokens) or flags[i] != flags[start]:
+            yield tokens[start:i], flags[start]
+            start = i
 
 
 async def _maybe_await(value) -> None:

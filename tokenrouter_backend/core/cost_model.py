@@ -43,14 +43,16 @@ so a long retrieved prompt whose answer quotes it gets copied tokens at heavy-on
 Route commits the light model's confident drafts unchecked, so its blocks are planned on
 their own terms. With s the chance that a draft stands unchecked given the ones before it
 did (server-wide route verdicts, prior ``route_prior_stand``), a block of k drafts keeps a
-confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J unsure
-drafts at acceptance a. Every token still passes through the heavy model once (a check
-ingests the unchecked tokens before it), so the heavy per-token cost is paid on all of
-them and the fixed cost only when a check runs:
+confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J drafts
+from the first unsure one: that one stands at acceptance a, each later one with
+r = s + (1 - s) * a (a confident draft stands unless strongly rejected, an unsure one is
+verified; ``acceptance.accept_route``), and the heavy model adds its own token. Every token
+still passes through the heavy model once (a check ingests the unchecked tokens before it),
+so the heavy per-token cost is paid on all of them and the fixed cost only when a check runs:
 
     cost(k) = k * (L.fixed / B_light + L.per_token) + H.per_token * (k + 1)
               + (1 - s^k) * H.fixed / B_heavy
-    E(k)    = s^k * k + sum_{j<k} s^j (1 - s) * (j + (1 - a^(k-j+1)) / (1 - a))
+    E(k)    = s^k * k + sum_{j<k} s^j (1 - s) * (j + 1 + a * (1 - r^(k-j)) / (1 - r))
 
 Framework-free; the router owns one ``BranchCosts`` and feeds it every branch result.
 """
@@ -285,7 +287,10 @@ class Planner:
         s = min(max(stand, 0.0), 0.999)
         ms = k * (self.light.fixed / self.light_batch + self.light.per_token) \
             + self.heavy.per_token * (k + 1) + (1.0 - s ** k) * self.heavy.fixed / self.heavy_batch
-        tokens = s ** k * k + sum(s ** j * (1.0 - s) * (j + expected_tokens(k - j, acceptance)) for j in range(k))
+        a = min(max(acceptance, 0.0), 0.999)
+        r = min(s + (1.0 - s) * a, 0.999)  # a draft after the first unsure one passes the check
+        tokens = s ** k * k + sum(s ** j * (1.0 - s) * (j + 1.0 + a * (1.0 - r ** (k - j)) / (1.0 - r))
+                                  for j in range(k))
         return tokens / ms
 
     def best_route_block(self, acceptance: float, stand: float, max_block: int) -> int:

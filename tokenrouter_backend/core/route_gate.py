@@ -10,9 +10,11 @@ A cascade per drafted token, cheapest first:
    scaled by the conservative start); without one, top-1 probability >= confidence_threshold,
    entropy <= entropy_threshold and margin >= margin_threshold (the plain confidence rule).
 
-The drafts that stand are the leading run that passes. ``RouteGate`` is server-wide (built
-once from config.pbtxt ``critical_<class>`` and ``router_*`` parameters and the
-tokenizer's vocabulary); ``RouteContext`` is one request's running acceptance.
+The drafts that stand are the leading run that passes; a heavy check of the rest holds each
+later draft that passes to the rollback rule only (``acceptance.accept_route``).
+``RouteGate`` is server-wide (built once from config.pbtxt ``critical_<class>`` and
+``router_*`` parameters and the tokenizer's vocabulary); ``RouteContext`` is one request's
+running acceptance.
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ class Decision:
     classes: np.ndarray  # int8 per draft
     scores: np.ndarray = field(default_factory=lambda: np.zeros(0))  # P(disagree) per draft (learned router)
     margin: np.ndarray | None = None  # light top-1 minus top-2 probability per draft; None = unknown
+    ok: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per draft: the gate would let it stand
 
     def record_fields(self) -> dict:
         """The BlockRecord fields this decision fills (token_class, router_score, margin)."""
@@ -159,4 +162,4 @@ class RouteGate:
         ok &= np.isfinite(scale)
         bad = np.nonzero(~ok)[0]
         return Decision(int(bad[0]) if bad.size else len(ok), classes, scores,
-                        None if margin is None else np.asarray(margin, np.float64))
+                        None if margin is None else np.asarray(margin, np.float64), ok)
