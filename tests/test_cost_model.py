@@ -358,8 +358,8 @@ def test_hooks_learn_the_route_stand_rate_from_route_blocks():
     assert plan.mode == Mode.ROUTE and plan.block >= 2
     for _ in range(400):  # then nothing stands any more, and the heavy model rejects the unsure drafts
         hooks.after_block(BlockRecord("r", 0, "route", ACTION_FALLBACK, 4, (1, 2, 3, 4), (0.3,) * 4,
-                                      (2.0,) * 4, 0, (False,), (0.1,), 0, 1, 0.0, 0.0, 0.0, 0.0, 1))
-    assert hooks.route_stand() < 0.2 and hooks.acceptance() < 0.2
+                                      (2.0,) * 4, 0, (False,) * 4, (0.1,) * 4, 0, 1, 0.0, 0.0, 0.0, 0.0, 1))
+    assert hooks.route_stand() < 0.2 and hooks.acceptance() < 0.2 and hooks.route_check_acceptance() < 0.2
     assert hooks.plan(params, 4).mode == Mode.HEAVY
 
 
@@ -422,3 +422,25 @@ def test_route_blocks_grow_when_later_confident_drafts_survive_the_check():
     s, a = 0.8, 0.6
     ms = 32.5 + 2.8 + 6.8 * 2 + (1 - s) * 229.4
     assert p.route_rate(1, a, s) == pytest.approx((s + (1 - s) * (1 + a)) / ms)
+
+
+def test_route_blocks_are_planned_on_the_acceptance_of_unsure_drafts():
+    """Confident drafts mostly agree with the heavy model, so the acceptance of all drafts says
+    little about a check's first unsure one; route plans on the latter: shorter blocks when
+    unsure drafts are mostly replaced, though the request's drafts agree overall."""
+    from tokenrouter_backend.core.hooks import ACTION_FALLBACK, BlockRecord
+    from tokenrouter_backend.core.names import Mode
+
+    def planned(first_unsure_agrees: bool) -> int:
+        ops = _ops(cost_route_prior_stand=0.5)
+        _teach(ops.costs, Curve(229.4, 6.8), Curve(32.5, 2.8), batch=1)
+        info, params = _admission(prompt_len=40)
+        params = dataclasses.replace(params, mode=Mode.ROUTE)
+        hooks = ops.admit(info, params).hooks
+        agree = (True,) * 6 + (first_unsure_agrees,) + (True,)
+        for _ in range(40):  # 6 of 8 stand, the check agrees with everything but perhaps the 7th
+            hooks.after_block(BlockRecord("r", 0, "route", ACTION_FALLBACK, 8, tuple(range(1, 9)), (0.9,) * 8,
+                                          (0.1,) * 8, 6, agree, (0.9,) * 8, 0, 1, 0.0, 0.0, 0.0, 0.0, 6))
+        return hooks.plan(params, 4).block
+
+    assert planned(True) > planned(False) >= 1

@@ -44,7 +44,8 @@ Route commits the light model's confident drafts unchecked, so its blocks are pl
 their own terms. With s the chance that a draft stands unchecked given the ones before it
 did (server-wide route verdicts, prior ``route_prior_stand``), a block of k drafts keeps a
 confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J drafts
-from the first unsure one: that one stands at acceptance a, each later one with
+from the first unsure one: that one stands at acceptance a (for route: the measured
+acceptance of a check's first unsure draft, ``route_check_acceptance``), each later one with
 r = s + (1 - s) * a (a confident draft stands unless strongly rejected, an unsure one is
 verified; ``acceptance.accept_route``), and the heavy model adds its own token. Every token
 still passes through the heavy model once (a check ingests the unchecked tokens before it),
@@ -197,6 +198,8 @@ class BranchCosts:
         self.ngram_rejected = 0.0
         self.route_stood = 0.0  # decayed counts of route drafts that stood unchecked
         self.route_unsure = 0.0  # and of route blocks that ended on an unsure draft
+        self.route_checked_ok = 0.0  # decayed counts of route checks whose first unsure draft stood
+        self.route_checked_bad = 0.0  # and of those where the heavy model replaced it
 
     @property
     def acceptance(self) -> float:
@@ -214,6 +217,19 @@ class BranchCosts:
         """Server-wide chance a route draft stands unchecked (the prior until route blocks ran)."""
         c = self.config
         return with_prior(self.route_stood, self.route_unsure, c.route_prior_stand, c.prior_weight)
+
+    @property
+    def route_check_acceptance(self) -> float:
+        """Server-wide chance the heavy model accepts a route block's first unsure draft (the
+        acceptance prior until route checks ran): what route blocks are planned on, lower than
+        the acceptance of all drafts, where the confident ones mostly agree."""
+        c = self.config
+        return with_prior(self.route_checked_ok, self.route_checked_bad, c.prior_acceptance, c.prior_weight)
+
+    def observe_route_check(self, ok: int, bad: int) -> None:
+        d = self.config.decay
+        self.route_checked_ok = self.route_checked_ok * d + ok
+        self.route_checked_bad = self.route_checked_bad * d + bad
 
     def observe_route_stand(self, stood: int, unsure: int) -> None:
         d = self.config.decay

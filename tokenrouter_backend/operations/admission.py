@@ -236,6 +236,8 @@ class RequestHooks:
     light: LightEstimate | None = None  # decided once, at the first planned block with known curves
     route_stood: int = 0  # route: this request's drafts that stood unchecked
     route_unsure: int = 0  # and its route blocks that ended on an unsure draft
+    route_checked_ok: int = 0  # route: its checks whose first unsure draft the heavy model accepted
+    route_checked_bad: int = 0  # and those where it did not
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
@@ -264,6 +266,11 @@ class RequestHooks:
         return with_prior(self.route_stood, self.route_unsure, self.ops.costs.route_stand,
                           self.ops.cost_config.prior_weight)
 
+    def route_check_acceptance(self) -> float:
+        """This request's chance a route check accepts its first unsure draft, the server-wide one as its prior."""
+        return with_prior(self.route_checked_ok, self.route_checked_bad, self.ops.costs.route_check_acceptance,
+                          self.ops.cost_config.prior_weight)
+
     def ngram_acceptance(self) -> float:
         """This request's per-token n-gram acceptance, the server-wide estimate as its prior."""
         return with_prior(self.ngram_accepted, self.ngram_rejected, self.ops.costs.ngram_acceptance,
@@ -278,8 +285,10 @@ class RequestHooks:
         planner = self.ops.costs.planner()
         if planner is None:
             return plan  # curves not known yet: the block schedule decides
-        p, a = plan.params, self.acceptance()
-        stand = self.route_stand() if plan.mode == Mode.ROUTE else None
+        p = plan.params
+        route = plan.mode == Mode.ROUTE
+        a = self.route_check_acceptance() if route else self.acceptance()
+        stand = self.route_stand() if route else None
         if self.light is None:
             light_prompt = min(self.prompt_tokens, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
                 else self.prompt_tokens  # a windowed light model prefills sink + window at most
@@ -307,6 +316,12 @@ class RequestHooks:
             self.route_stood += stood
             self.route_unsure += unsure
             self.ops.costs.observe_route_stand(stood, unsure)
+            first = stood - (len(record.drafted) - len(record.heavy_agree))  # verdicts: a suffix of the drafts
+            if unsure and 0 <= first < len(record.heavy_agree):  # the check's verdict on the first unsure draft
+                ok = int(record.heavy_agree[first])
+                self.route_checked_ok += ok
+                self.route_checked_bad += 1 - ok
+                self.ops.costs.observe_route_check(ok, 1 - ok)
         if record.ngram_drafted:
             ngram_rejected = int(record.ngram_accepted < record.ngram_drafted)
             self.ngram_accepted += record.ngram_accepted
