@@ -30,9 +30,9 @@ def test_verify_records_cover_every_token_and_agree_with_stats():
 def test_route_records_have_fallback_verdicts():
     rec = Recorder()
     out, stats = run_one(PROMPTS[1], *make_pair(noise=1.2), hooks=rec, router_mode="route",
-                         confidence_threshold=0.6, max_tokens=40)
+                         confidence_threshold=0.6, max_tokens=40, stream=True)
     first, *rest = rec.records
-    assert first.action == ACTION_HEAVY and first.committed == 1  # heavy_first: the prompt's first token
+    assert first.action == ACTION_HEAVY and first.committed == 1  # heavy_first (streamed): the first token
     actions = {r.action for r in rest}
     assert ACTION_FALLBACK in actions
     assert actions <= {ACTION_ACCEPT, ACTION_FALLBACK}

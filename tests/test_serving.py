@@ -75,11 +75,11 @@ def test_route_limits_equal_light_and_verify(server, tokenizer):
     for prompt in PROMPTS[:6]:
         p = ids(tokenizer, prompt)
         heavy, _ = router_tokens(server.grpc_url, p, router_mode="heavy", max_tokens=1)
-        # heavy_first: the heavy model's first token, then every light token stands unchecked;
-        # one heavy forward vouches for the answer before it ends: at rollback_threshold 0 it
-        # can only end it early, where heavy's choice is to end
+        # heavy_first (streamed): the heavy model's first token, then every light token stands
+        # unchecked; one heavy forward vouches for the answer before it ends: at
+        # rollback_threshold 0 it can only end it early, where heavy's choice is to end
         # block_schedule fixed: the cost model keeps the request's blocks (it would plan heavy steps)
-        route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
+        route0, stats0 = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20, stream=True,
                                        confidence_threshold=0.0, rollback_threshold=0.0, block_schedule="fixed")
         assert route0[:1] == heavy
         light, _ = router_tokens(server.grpc_url, p + heavy, router_mode="light", max_tokens=19)
@@ -88,7 +88,8 @@ def test_route_limits_equal_light_and_verify(server, tokenizer):
         verify, _ = router_tokens(server.grpc_url, p, router_mode="verify", max_tokens=20)
         route_hi, stats_hi = router_tokens(server.grpc_url, p, router_mode="route", max_tokens=20,
                                            confidence_threshold=1.5, block_schedule="fixed")
-        assert route_hi == verify and stats_hi["verify_blocks"] == stats_hi["heavy_calls"] - 1
+        # not streamed: the first heavy forward prefills the prompt and checks the first block
+        assert route_hi == verify and stats_hi["verify_blocks"] == stats_hi["heavy_calls"]
 
 
 def test_concurrent_requests_batch_and_match_sequential(server, tokenizer):

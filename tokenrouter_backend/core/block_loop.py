@@ -18,9 +18,11 @@ Which route drafts count as confident is ``route_gate.RouteGate`` (critical clas
 router). Route answers end on heavy-vouched tokens (``vouch_end``). Stop strings are matched on
 the decoded text (``stop_text.py``).
 
-In verify and route the heavy model prefills first and its first token is emitted at once
-(``heavy_first``), so the first token comes no later than heavy-only's; the light model
-prefills after it. KV bookkeeping (what each session holds, chunked prefill, re-prefill)
+In verify and route a streamed answer's heavy model prefills first and its first token is
+emitted at once (``heavy_first``), so the first token comes no later than heavy-only's; the
+light model prefills after it. A non-streamed answer is seen whole at its end: its first
+heavy forward, the prompt's prefill included, also checks the first light block (one heavy
+forward fewer per request). KV bookkeeping (what each session holds, chunked prefill, re-prefill)
 is ``branch_view.BranchView``. Framework-free: branches are ``Branch`` objects, output goes
 through an ``emit`` callback.
 """
@@ -407,7 +409,8 @@ class BlockLoop:
         self.hooks.after_block(block_record(self, plan.mode, before))
 
     async def _run_block(self, mode: Mode) -> None:
-        if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and not self.heavy.opened:
+        if mode in (Mode.VERIFY, Mode.ROUTE) and self.params.heavy_first and self.params.stream \
+                and not self.heavy.opened:
             await self.heavy_first_token()
         elif mode == Mode.HEAVY and self.free_drafts and self.heavy.opened \
                 and (drafts := self._free_drafts(heavy_step=True)):

@@ -44,16 +44,16 @@ Route commits the light model's confident drafts unchecked, so its blocks are pl
 their own terms. With s the chance that a draft stands unchecked given the ones before it
 did (server-wide route verdicts, prior ``route_prior_stand``), a block of k drafts keeps a
 confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J drafts
-from the first unsure one: that one stands at acceptance a (for route: the measured
-acceptance of a check's first unsure draft, ``route_check_acceptance``), each later one with
-r = s + (1 - s) * a (a confident draft stands unless strongly rejected, an unsure one is
-verified; ``acceptance.accept_route``), and the heavy model adds its own token. Every token
-still passes through the heavy model once (a check ingests the unchecked tokens before it),
-so the heavy per-token cost is paid on all of them and the fixed cost only when a check runs:
+from the first unsure one, each passing at a (for route: the measured per-draft pass rate of
+route checks, ``route_check_acceptance``: an unsure draft is verified, a confident one after
+it stands unless strongly rejected, ``acceptance.accept_route``), and the heavy model adds
+its own token. Every token still passes through the heavy model once (a check ingests the
+unchecked tokens before it), so the heavy per-token cost is paid on all of them and the
+fixed cost only when a check runs:
 
     cost(k) = k * (L.fixed / B_light + L.per_token) + H.per_token * (k + 1)
               + (1 - s^k) * H.fixed / B_heavy
-    E(k)    = s^k * k + sum_{j<k} s^j (1 - s) * (j + 1 + a * (1 - r^(k-j)) / (1 - r))
+    E(k)    = s^k * k + sum_{j<k} s^j (1 - s) * (j + (1 - a^(k-j+1)) / (1 - a))
 
 Framework-free; the router owns one ``BranchCosts`` and feeds it every branch result.
 """
@@ -198,8 +198,8 @@ class BranchCosts:
         self.ngram_rejected = 0.0
         self.route_stood = 0.0  # decayed counts of route drafts that stood unchecked
         self.route_unsure = 0.0  # and of route blocks that ended on an unsure draft
-        self.route_checked_ok = 0.0  # decayed counts of route checks whose first unsure draft stood
-        self.route_checked_bad = 0.0  # and of those where the heavy model replaced it
+        self.route_checked_ok = 0.0  # decayed counts of drafts that passed a route check
+        self.route_checked_bad = 0.0  # and of route checks that stopped at a draft
 
     @property
     def acceptance(self) -> float:
@@ -220,9 +220,10 @@ class BranchCosts:
 
     @property
     def route_check_acceptance(self) -> float:
-        """Server-wide chance the heavy model accepts a route block's first unsure draft (the
-        acceptance prior until route checks ran): what route blocks are planned on, lower than
-        the acceptance of all drafts, where the confident ones mostly agree."""
+        """Server-wide per-draft pass rate of route checks (the drafts from a block's first
+        unsure one on; the acceptance prior until route checks ran): what route blocks are
+        planned on. The acceptance of all drafts would overrate it (the confident drafts
+        before a check mostly agree) and plan overlong blocks."""
         c = self.config
         return with_prior(self.route_checked_ok, self.route_checked_bad, c.prior_acceptance, c.prior_weight)
 
@@ -303,10 +304,7 @@ class Planner:
         s = min(max(stand, 0.0), 0.999)
         ms = k * (self.light.fixed / self.light_batch + self.light.per_token) \
             + self.heavy.per_token * (k + 1) + (1.0 - s ** k) * self.heavy.fixed / self.heavy_batch
-        a = min(max(acceptance, 0.0), 0.999)
-        r = min(s + (1.0 - s) * a, 0.999)  # a draft after the first unsure one passes the check
-        tokens = s ** k * k + sum(s ** j * (1.0 - s) * (j + 1.0 + a * (1.0 - r ** (k - j)) / (1.0 - r))
-                                  for j in range(k))
+        tokens = s ** k * k + sum(s ** j * (1.0 - s) * (j + expected_tokens(k - j, acceptance)) for j in range(k))
         return tokens / ms
 
     def best_route_block(self, acceptance: float, stand: float, max_block: int) -> int:

@@ -236,8 +236,8 @@ class RequestHooks:
     light: LightEstimate | None = None  # decided once, at the first planned block with known curves
     route_stood: int = 0  # route: this request's drafts that stood unchecked
     route_unsure: int = 0  # and its route blocks that ended on an unsure draft
-    route_checked_ok: int = 0  # route: its checks whose first unsure draft the heavy model accepted
-    route_checked_bad: int = 0  # and those where it did not
+    route_checked_ok: int = 0  # route: its drafts that passed a check
+    route_checked_bad: int = 0  # and its checks that stopped at a draft
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
@@ -267,7 +267,7 @@ class RequestHooks:
                           self.ops.cost_config.prior_weight)
 
     def route_check_acceptance(self) -> float:
-        """This request's chance a route check accepts its first unsure draft, the server-wide one as its prior."""
+        """This request's per-draft pass rate of route checks, the server-wide one as its prior."""
         return with_prior(self.route_checked_ok, self.route_checked_bad, self.ops.costs.route_check_acceptance,
                           self.ops.cost_config.prior_weight)
 
@@ -316,12 +316,13 @@ class RequestHooks:
             self.route_stood += stood
             self.route_unsure += unsure
             self.ops.costs.observe_route_stand(stood, unsure)
-            first = stood - (len(record.drafted) - len(record.heavy_agree))  # verdicts: a suffix of the drafts
-            if unsure and 0 <= first < len(record.heavy_agree):  # the check's verdict on the first unsure draft
-                ok = int(record.heavy_agree[first])
-                self.route_checked_ok += ok
-                self.route_checked_bad += 1 - ok
-                self.ops.costs.observe_route_check(ok, 1 - ok)
+            if unsure and not record.rolled_back and record.heavy_calls:  # a check ran over the unsure drafts
+                checked = len(record.drafted) - stood
+                passed = max(0, min(checked, record.committed - stood - 1))  # the heavy model adds one token
+                stopped = int(passed < checked)
+                self.route_checked_ok += passed
+                self.route_checked_bad += stopped
+                self.ops.costs.observe_route_check(passed, stopped)
         if record.ngram_drafted:
             ngram_rejected = int(record.ngram_accepted < record.ngram_drafted)
             self.ngram_accepted += record.ngram_accepted
