@@ -44,12 +44,12 @@ Route commits the light model's confident drafts unchecked, so its blocks are pl
 their own terms. With s the chance that a draft stands unchecked given the ones before it
 did (server-wide route verdicts, prior ``route_prior_stand``), a block of k drafts keeps a
 confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J drafts
-from the first unsure one, each passing at a (for route: the measured per-draft pass rate of
-route checks, ``route_check_acceptance``: an unsure draft is verified, a confident one after
-it stands unless strongly rejected, ``acceptance.accept_route``), and the heavy model adds
-its own token. Every token still passes through the heavy model once (a check ingests the
-unchecked tokens before it), so the heavy per-token cost is paid on all of them and the
-fixed cost only when a check runs:
+from the first unsure one at acceptance a (an unsure draft is verified, a confident one after
+it stands unless strongly rejected, ``acceptance.accept_route``; a is the acceptance of all
+drafts, which the confident ones lift: measured on HumanEval, planning on the lower pass rate
+of the checks alone gave shorter blocks, more heavy forwards and a slower route). Every token
+still passes through the heavy model once (a check ingests the unchecked tokens before it),
+so the heavy per-token cost is paid on all of them and the fixed cost only when a check runs:
 
     cost(k) = k * (L.fixed / B_light + L.per_token) + H.per_token * (k + 1)
               + (1 - s^k) * H.fixed / B_heavy
@@ -198,8 +198,6 @@ class BranchCosts:
         self.ngram_rejected = 0.0
         self.route_stood = 0.0  # decayed counts of route drafts that stood unchecked
         self.route_unsure = 0.0  # and of route blocks that ended on an unsure draft
-        self.route_checked_ok = 0.0  # decayed counts of drafts that passed a route check
-        self.route_checked_bad = 0.0  # and of route checks that stopped at a draft
 
     @property
     def acceptance(self) -> float:
@@ -217,20 +215,6 @@ class BranchCosts:
         """Server-wide chance a route draft stands unchecked (the prior until route blocks ran)."""
         c = self.config
         return with_prior(self.route_stood, self.route_unsure, c.route_prior_stand, c.prior_weight)
-
-    @property
-    def route_check_acceptance(self) -> float:
-        """Server-wide per-draft pass rate of route checks (the drafts from a block's first
-        unsure one on; the acceptance prior until route checks ran): what route blocks are
-        planned on. The acceptance of all drafts would overrate it (the confident drafts
-        before a check mostly agree) and plan overlong blocks."""
-        c = self.config
-        return with_prior(self.route_checked_ok, self.route_checked_bad, c.prior_acceptance, c.prior_weight)
-
-    def observe_route_check(self, ok: int, bad: int) -> None:
-        d = self.config.decay
-        self.route_checked_ok = self.route_checked_ok * d + ok
-        self.route_checked_bad = self.route_checked_bad * d + bad
 
     def observe_route_stand(self, stood: int, unsure: int) -> None:
         d = self.config.decay

@@ -236,8 +236,6 @@ class RequestHooks:
     light: LightEstimate | None = None  # decided once, at the first planned block with known curves
     route_stood: int = 0  # route: this request's drafts that stood unchecked
     route_unsure: int = 0  # and its route blocks that ended on an unsure draft
-    route_checked_ok: int = 0  # route: its drafts that passed a check
-    route_checked_bad: int = 0  # and its checks that stopped at a draft
 
     def plan(self, params: RouterParams, block: int) -> BlockPlan:
         self.blocks += 1
@@ -266,11 +264,6 @@ class RequestHooks:
         return with_prior(self.route_stood, self.route_unsure, self.ops.costs.route_stand,
                           self.ops.cost_config.prior_weight)
 
-    def route_check_acceptance(self) -> float:
-        """This request's per-draft pass rate of route checks, the server-wide one as its prior."""
-        return with_prior(self.route_checked_ok, self.route_checked_bad, self.ops.costs.route_check_acceptance,
-                          self.ops.cost_config.prior_weight)
-
     def ngram_acceptance(self) -> float:
         """This request's per-token n-gram acceptance, the server-wide estimate as its prior."""
         return with_prior(self.ngram_accepted, self.ngram_rejected, self.ops.costs.ngram_acceptance,
@@ -285,10 +278,8 @@ class RequestHooks:
         planner = self.ops.costs.planner()
         if planner is None:
             return plan  # curves not known yet: the block schedule decides
-        p = plan.params
-        route = plan.mode == Mode.ROUTE
-        a = self.route_check_acceptance() if route else self.acceptance()
-        stand = self.route_stand() if route else None
+        p, a = plan.params, self.acceptance()
+        stand = self.route_stand() if plan.mode == Mode.ROUTE else None
         if self.light is None:
             light_prompt = min(self.prompt_tokens, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
                 else self.prompt_tokens  # a windowed light model prefills sink + window at most
@@ -316,13 +307,6 @@ class RequestHooks:
             self.route_stood += stood
             self.route_unsure += unsure
             self.ops.costs.observe_route_stand(stood, unsure)
-            if unsure and not record.rolled_back and record.heavy_calls:  # a check ran over the unsure drafts
-                checked = len(record.drafted) - stood
-                passed = max(0, min(checked, record.committed - stood - 1))  # the heavy model adds one token
-                stopped = int(passed < checked)
-                self.route_checked_ok += passed
-                self.route_checked_bad += stopped
-                self.ops.costs.observe_route_check(passed, stopped)
         if record.ngram_drafted:
             ngram_rejected = int(record.ngram_accepted < record.ngram_drafted)
             self.ngram_accepted += record.ngram_accepted
