@@ -89,3 +89,31 @@ def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(probl
         assert [k["router_mode"] for _, k in measured] == ["heavy", "route", "route"]
     assert sent[0][0] == problem["prompt"] and len(records) == 6
     assert all(r.passed for r in records if r.format == "raw")
+
+
+def test_an_arm_can_run_on_a_second_server(problem, monkeypatch, tmp_path):
+    """``router#HOST:PORT``: the same knobs on another server (an A/B of two builds); both
+    servers get the prompt prewarmed before any measured arm, and each arm's records name it."""
+    from tokenrouter_backend.client import humaneval, triton_client
+
+    b = Arm.parse("router#127.0.0.1:8010")
+    assert (b.name, b.url, b.knobs) == ("router#127.0.0.1:8010", "127.0.0.1:8010", Arm.parse("router").knobs)
+    for bad in ("router#8010", "router#host:", "router#host:port"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            Arm.parse(bad)
+    sent = []
+
+    def fake_generate(url, prompt, **knobs):
+        sent.append((url, knobs["router_mode"], knobs["max_tokens"]))
+        return triton_client.GenerationResult(problem["canonical_solution"], {
+            "generated_tokens": 9, "light_tokens": 0, "heavy_calls": 9}, 0.1, 0.2)
+
+    monkeypatch.setattr(triton_client, "generate_http", fake_generate)
+    records = humaneval.run("127.0.0.1:8000", [problem], ["raw"], [Arm.parse("heavy"), Arm.parse("router"), b], 16,
+                            None, tmp_path / "he.jsonl", log=lambda _line: None)
+    warm, measured = sent[:4], sent[4:]
+    assert [(u, m) for u, m, _ in warm] == [("127.0.0.1:8000", "heavy"), ("127.0.0.1:8000", "light"),
+                                           ("127.0.0.1:8010", "heavy"), ("127.0.0.1:8010", "light")]
+    assert [(u, m) for u, m, _ in measured] == [("127.0.0.1:8000", "heavy"), ("127.0.0.1:8000", "route"),
+                                               ("127.0.0.1:8010", "route")]
+    assert [r.arm for r in records] == ["heavy", "router", "router#127.0.0.1:8010"]

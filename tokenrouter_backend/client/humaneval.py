@@ -51,10 +51,23 @@ _CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
 class Arm:
     name: str
     knobs: dict
+    url: str = ""  # HTTP host:port of the server this arm runs on; "" = the run's own
 
     @classmethod
     def parse(cls, spec: str) -> "Arm":
-        spec = spec.strip()
+        """``MODE[@T][#HOST:PORT]``: the arm's knobs, and optionally another server to run it on
+        (an A/B of two servers, e.g. two builds on one model repository)."""
+        spec, _, url = spec.strip().partition("#")
+        arm = cls._parse_mode(spec)
+        if not url:
+            return arm
+        host, _, port = url.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"arm {spec}#{url!s}: the server after '#' must be HOST:PORT")
+        return cls(f"{arm.name}#{url}", arm.knobs, url)
+
+    @classmethod
+    def _parse_mode(cls, spec: str) -> "Arm":
         if spec in ("heavy", "light", "verify"):
             return cls(spec, {"router_mode": spec})
         if spec == "router":
@@ -139,16 +152,17 @@ def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequen
             for fmt in formats:
                 prompt = problem["prompt"] if fmt == "raw" else chat_prompt(problem, render)
                 stops = list(HUMANEVAL_STOPS if fmt == "raw" else CHAT_STOPS)
-                try:
-                    prewarm(url, prompt)
-                except GenerationError as exc:
-                    log(f"{problem['task_id']:14s} {fmt:4s} prewarm: {exc}")
+                for server in dict.fromkeys([url, *(arm.url for arm in arms if arm.url)]):
+                    try:
+                        prewarm(server, prompt)
+                    except GenerationError as exc:
+                        log(f"{problem['task_id']:14s} {fmt:4s} prewarm {server}: {exc}")
                 shift = i % len(arms)
                 for arm in list(arms[shift:]) + list(arms[:shift]):
                     t0 = time.perf_counter()
                     try:
-                        res = generate_http(url, prompt, max_tokens=max_tokens, stop_words=stops, **NO_REUSE_KNOBS,
-                                            **arm.knobs)
+                        res = generate_http(arm.url or url, prompt, max_tokens=max_tokens, stop_words=stops,
+                                            **NO_REUSE_KNOBS, **arm.knobs)
                         s = res.stats
                         rec = Record(problem["task_id"], fmt, arm.name, s["generated_tokens"], res.latency_s,
                                      s["light_tokens"], s["heavy_calls"], passed(problem, fmt, res.text), res.text)
