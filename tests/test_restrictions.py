@@ -120,3 +120,29 @@ def test_restricted_list_is_documented():
     for api in RESTRICTED_APIS:
         assert f"`{api}`" in text
     assert ADMIN_HEADER in text and ADMIN_KEY_ENV in text
+
+
+def test_two_servers_writing_the_key_file_at_once_never_fail(tmp_path):
+    """Two `serve` processes on one data directory write the admin key file at the same moment
+    (it failed with FileExistsError between one's unlink and the other's exclusive create)."""
+    import stat
+    import threading
+
+    from tokenrouter_backend.server.restrictions import write_key_file
+
+    path, errors = tmp_path / "admin.key", []
+
+    def writer(key: str) -> None:
+        for _ in range(300):
+            try:
+                write_key_file(path, key)
+            except OSError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in ("a" * 32, "b" * 32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and path.read_text() in ("a" * 32 + "\n", "b" * 32 + "\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and [p.name for p in tmp_path.iterdir()] == ["admin.key"]

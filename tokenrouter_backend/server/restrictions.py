@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -67,10 +68,16 @@ class Restriction:
 
 
 def write_key_file(path: Path, key: str) -> Path:
-    """The admin key in a file only its owner can read (replaced if present)."""
+    """The admin key in a file only its owner can read (replaced if present). Written to a
+    private temporary file and renamed over ``path``, so two servers starting at once on one
+    data directory never fail on each other's file (the last one's key stands)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
