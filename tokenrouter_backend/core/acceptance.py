@@ -61,18 +61,28 @@ def accept_speculative(
     """
     d = len(drafts)
     for i, x in enumerate(drafts):
-        rng = position_rng(seed, first_position + i, ACCEPT_STREAM)
-        px, qx = float(p[i, x]), float(q[i, x])
-        # accept with probability min(1, p(x)/q(x)); qx > 0 since x was drawn from q
-        if rng.random() * qx <= px:
-            continue
-        residual = np.maximum(p[i] - q[i], 0.0)
-        total = residual.sum()
-        # p == q up to rounding: any draw from p is exact
-        dist = residual / total if total > 0 else p[i]
-        return Verdict(i, _draw(dist, rng))
-    rng = position_rng(seed, first_position + d, ACCEPT_STREAM)
-    return Verdict(d, _draw(p[d], rng), bonus=True)
+        correction = _speculative_rejection(int(x), q[i], p[i], seed, first_position + i)
+        if correction is not None:
+            return Verdict(i, correction)
+    return Verdict(d, _bonus_draw(p[d], seed, first_position + d), bonus=True)
+
+
+def _speculative_rejection(x: int, q: np.ndarray, p: np.ndarray, seed: int, position: int) -> int | None:
+    """One sampled draft x ~ q at ``position``: None if it stands (probability
+    min(1, p(x)/q(x))), else the token drawn from the residual norm(max(0, p - q))."""
+    rng = position_rng(seed, position, ACCEPT_STREAM)
+    # qx > 0 since x was drawn from q
+    if rng.random() * float(q[x]) <= float(p[x]):
+        return None
+    residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    # p == q up to rounding: any draw from p is exact
+    return _draw(residual / total if total > 0 else p, rng)
+
+
+def _bonus_draw(p: np.ndarray, seed: int, position: int) -> int:
+    """The heavy model's own token after every draft stood (sampling)."""
+    return _draw(p, position_rng(seed, position, ACCEPT_STREAM))
 
 
 def accept_route(
@@ -92,28 +102,19 @@ def accept_route(
     """
     d = len(drafts)
     assert len(heavy_choices) == d + 1 and len(heavy_probs) == d and len(relaxed) == d
-    ends = np.asarray(list(end_tokens), np.int64)
-    for i, x in enumerate(np.asarray(drafts, np.int64)):
-        choice = int(heavy_choices[i])
+    for i, x in enumerate(drafts):
+        x, choice = int(x), int(heavy_choices[i])
         if relaxed[i]:
-            if x != choice and (float(heavy_probs[i]) < threshold or choice in ends):
+            if x != choice and (float(heavy_probs[i]) < threshold or choice in end_tokens):
                 return Verdict(i, choice)
-            continue
-        if q is None:
+        elif q is None:
             if x != choice:
                 return Verdict(i, choice)
-            continue
-        rng = position_rng(seed, first_position + i, ACCEPT_STREAM)
-        px, qx = float(p[i, x]), float(q[i, x])
-        if rng.random() * qx <= px:
-            continue
-        residual = np.maximum(p[i] - q[i], 0.0)
-        total = residual.sum()
-        return Verdict(i, _draw(residual / total if total > 0 else p[i], rng))
+        elif (correction := _speculative_rejection(x, q[i], p[i], seed, first_position + i)) is not None:
+            return Verdict(i, correction)
     if q is None:
         return Verdict(d, int(heavy_choices[d]), bonus=True)
-    rng = position_rng(seed, first_position + d, ACCEPT_STREAM)
-    return Verdict(d, _draw(p[d], rng), bonus=True)
+    return Verdict(d, _bonus_draw(p[d], seed, first_position + d), bonus=True)
 
 
 def _draw(dist: np.ndarray, rng: np.random.Generator) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Awaitable, Callable, Sequence
 
 import numpy as np
@@ -534,12 +535,13 @@ async def generate(
 def _runs(tokens, relaxed: np.ndarray | None):
     """(tokens, stood unchecked) runs of accepted drafts: a draft the gate let stand went in
     under the rollback rule only, any other was verified."""
-    flags = [relaxed is not None and i < len(relaxed) and bool(relaxed[i]) for i in range(len(tokens))]
-    start = 0
-    for i in range(1, len(tokens) + 1):
-        if i == len(tokens) or flags[i] != flags[start]:
-            yield tokens[start:i], flags[start]
-            start = i
+    flags = [] if relaxed is None else [bool(f) for f in relaxed[: len(tokens)]]
+    flags += [False] * (len(tokens) - len(flags))
+    i = 0
+    for stood, group in groupby(flags):
+        n = len(list(group))
+        yield tokens[i : i + n], stood
+        i += n
 
 
 async def _maybe_await(value) -> None:
