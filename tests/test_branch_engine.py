@@ -1,4 +1,5 @@
 """BranchEngine on a numpy toy LM (padding/truncation bugs change its outputs) and a tiny ONNX Qwen2."""
+import dataclasses
 import math
 
 import numpy as np
@@ -316,3 +317,66 @@ def test_score_last_out_of_range_fails_alone():
     res = engine().run([BranchOp(1, 0, (1, 2), score_last=3), BranchOp(2, 0, (1, 2), score_last=2)])
     assert isinstance(res[0], BranchError) and "score_last 3 outside 0..2" in str(res[0])
     ok(res[1])
+
+
+class SingleRowToy(ToyLM):
+    """A ToyLM whose single-row product takes another path, as the int8-compute light model's
+    kernel does (``min_rows`` 2): a one-session, one-token forward run unpadded gets shifted
+    logits; padded (two copies) or inside any batch of two or more rows it gets the batch path."""
+
+    def __init__(self):
+        super().__init__()
+        self.info = dataclasses.replace(self.info, min_rows=2)
+        self.shapes: list[tuple[int, int, bool, tuple[int, ...]]] = []  # (batch, new, padded, new per row)
+
+    def forward(self, input_ids, attention_mask, position_ids, past, logits_positions=None, pad=True):
+        batch, new = input_ids.shape
+        rows = tuple(int(n) for n in attention_mask[:, -new:].sum(axis=1))
+        self.shapes.append((batch, new, pad, rows))
+        logits, kv = super().forward(input_ids, attention_mask, position_ids, past, logits_positions)
+        if batch * new == 1 and not pad:  # the single-row path
+            logits = logits + np.linspace(0.0, 0.5, logits.shape[-1], dtype=np.float32)
+        return logits, kv
+
+
+LONE_PROMPTS = {1: (3, 4, 5), 2: (7, 8, 9, 10), 3: (9, 8, 7, 6, 5, 4)}
+LONE_OPS = [BranchOp(1, 3, (6,), draft_len=5),  # one token: every forward of it is lone
+            BranchOp(2, 4, (11, 12, 13), draft_len=4),  # a chunk of three, then lone draft steps
+            BranchOp(3, 6, (2, 1), draft_len=0)]  # two tokens, no draft
+
+
+def test_lone_decode_steps_run_one_token_forwards_alone_and_keep_batch_invariance():
+    """``lone_decode_steps``: a one-session, one-token forward runs unpadded (the single-row
+    path), no one-token row ever shares a forward, and every session gets the same result
+    alone as beside the others. Without it the same step runs padded (the batch path)."""
+    together, lone_eng = SingleRowToy(), engine(SingleRowToy(), lone_decode_steps=True)
+    both = engine(together, lone_decode_steps=True)
+    prefill(both, LONE_PROMPTS)
+    prefill(lone_eng, LONE_PROMPTS)
+    together.shapes.clear()
+    results = [ok(r) for r in both.run(LONE_OPS)]
+    for op, res in zip(LONE_OPS, results):
+        (alone,) = lone_eng.run([op])
+        assert_same(res, ok(alone))  # the toy's own float noise across shapes is ~1e-7
+        assert res.lone_steps and len(res.tokens) == len(op.input_ids) - 1 + max(op.draft_len, 1)
+    for batch, new, padded, rows in together.shapes:
+        if batch * new == 1:
+            assert not padded  # a lone step runs as given
+        else:
+            assert padded and min(rows) >= 2, (batch, new, rows)  # never a one-token row in a batch
+    assert sum(b * n == 1 for b, n, _, _ in together.shapes) == 5 + 3  # op 1's feed + 4 drafts; op 2's 3 drafts
+
+    shared = engine(SingleRowToy(), lone_decode_steps=False)  # the same one-token steps padded and batched
+    prefill(shared, LONE_PROMPTS)
+    first = ok(shared.run(LONE_OPS[:1])[0])
+    assert not first.lone_steps and np.abs(first.token_probs - results[0].token_probs).max() > 1e-3
+    assert all(padded for _, _, padded, _ in shared.model.shapes)
+
+
+def test_lone_decode_steps_change_nothing_for_a_model_without_a_single_row_path():
+    model = ToyLM()  # min_rows 1: every product is row-independent already
+    eng = engine(model, lone_decode_steps=True)
+    prefill(eng, LONE_PROMPTS)
+    results = [ok(r) for r in eng.run(LONE_OPS)]
+    assert not eng.lone and not any(r.lone_steps for r in results)
+    assert max(batch for batch, _, _ in model.calls[-3:]) > 1  # draft steps still batched

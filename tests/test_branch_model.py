@@ -9,7 +9,7 @@ import pytest
 
 from support.fakes import StubFamily, fake_pb_module
 from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_PARAMETER, BranchKeyError
-from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+from tokenrouter_backend.core.branch_protocol import TENSOR_OUTPUTS, BranchOp, op_to_arrays, result_from_arrays
 
 TEST_KEY = "k" * 24
 
@@ -45,6 +45,8 @@ def test_parse_params_defaults_and_errors(glue):
                                "core_slice_ms": "0"}, "light")
     assert (knobs.intra_op_spinning, knobs.share_cores, knobs.core_wait_ms, knobs.core_slice_ms) == \
         (False, True, 50.0, 0.0)
+    assert default.engine.lone_decode_steps
+    assert not glue.parse_params({"lone_decode_steps": "false"}, "light").engine.lone_decode_steps
     bad = [({"device": "${heavy_device}"}, r"heavy: parameter 'device' is the unfilled placeholder"),
            ({"intra_op_threads": "two"}, r"'intra_op_threads' must be a int, got 'two'"),
            ({"max_draft_len": "-1"}, r"'max_draft_len' must be >= 0"),
@@ -53,14 +55,18 @@ def test_parse_params_defaults_and_errors(glue):
            ({"share_cores": "sometimes"}, r"'share_cores' must be true or false, got 'sometimes'"),
            ({"core_wait_ms": "-1"}, r"'core_wait_ms' must be >= 0"),
            ({"core_slice_ms": "-5"}, r"'core_slice_ms' must be >= 0"),
+           ({"lone_decode_steps": "often"}, r"'lone_decode_steps' must be true or false, got 'often'"),
            ({"colour": "red"}, r"unknown parameter 'colour'")]
     for raw, msg in bad:
         with pytest.raises(ValueError, match=msg):
             glue.parse_params(raw, "heavy")
 
 
-def model_config(path):
-    return json.dumps({"name": "light", "parameters": {
+ALL_OUTPUTS = tuple(TENSOR_OUTPUTS.values())
+
+
+def model_config(path, outputs=ALL_OUTPUTS):
+    return json.dumps({"name": "light", "output": [{"name": name} for name in outputs], "parameters": {
         "onnx_dir": {"string_value": path}, "device": {"string_value": "cpu"},
         "intra_op_threads": {"string_value": "1"}, "max_draft_len": {"string_value": "4"}}})
 
@@ -114,6 +120,22 @@ def test_execute_batches_and_fails_requests_alone(glue, tiny_qwen_dir, tmp_path)
     assert np.all(fam["tokenrouter_kv_sessions"].metrics[0].value == 0)
 
 
+def test_a_repository_exported_before_an_output_existed_gets_responses_without_it(glue, tiny_qwen_dir, tmp_path):
+    """Triton refuses a response carrying an output config.pbtxt does not declare: a branch of
+    an older repository (no ``margin``, no ``lone_steps``) leaves them out, and the router reads
+    their defaults."""
+    version = tmp_path / "light" / "1"
+    shutil.copytree(tiny_qwen_dir, version / "onnx")
+    older = [n for n in TENSOR_OUTPUTS.values() if n not in ("margin", "lone_steps")]
+    model = glue.TritonPythonModel()
+    model.initialize({"model_name": "light", "model_config": model_config("onnx", older),
+                      "model_repository": str(tmp_path / "light"), "model_version": "1"})
+    (out,) = model.execute([request(BranchOp(1, 0, (3, 4, 5), draft_len=2))])
+    assert out.error is None and set(out.tensors) == set(older)
+    res = result_from_arrays(out.tensors.get)
+    assert res.margin.shape == (0,) and not res.lone_steps and res.session_len == 3 + 2 - 1
+
+
 def test_execute_refuses_requests_without_the_branch_key(glue, tiny_qwen_dir, tmp_path):
     version = tmp_path / "light" / "1"
     shutil.copytree(tiny_qwen_dir, version / "onnx")
@@ -158,7 +180,7 @@ def test_execute_on_the_torch_runtime(glue, tmp_path, tiny_repository):  # build
 
     version = tmp_path / "heavy" / "1"
     shutil.copytree(paths.tiny_dir() / "heavy", version / "hf")
-    config = json.dumps({"name": "heavy", "parameters": {
+    config = json.dumps({"name": "heavy", "output": [{"name": n} for n in ALL_OUTPUTS], "parameters": {
         "runtime": {"string_value": "torch"}, "device": {"string_value": "cpu"}}})
     model = glue.TritonPythonModel()
     model.initialize({"model_name": "heavy", "model_config": config,
@@ -167,3 +189,16 @@ def test_execute_on_the_torch_runtime(glue, tmp_path, tiny_repository):  # build
     out = model.execute([request(BranchOp(1, 0, (3, 4, 5), draft_len=3))])
     res = result_from_arrays(lambda n: out[0].tensors.get(n))
     assert out[0].error is None and len(res.tokens) == 5 and res.session_len == 5
+
+
+def test_the_repository_templates_declare_every_branch_output():
+    """A branch answers only the outputs its config declares: the templates the exporter fills
+    must declare all of them, or a freshly exported repository would lose one silently."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "model_repository"
+    for branch in ("heavy", "light"):
+        text = (root / branch / "config.pbtxt").read_text()
+        block = text[text.index("output ["):text.index("]\nparameters")]
+        assert set(re.findall(r'name: "(\w+)"', block)) == set(ALL_OUTPUTS), branch

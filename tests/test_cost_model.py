@@ -422,3 +422,17 @@ def test_route_blocks_grow_with_the_acceptance_of_their_drafts():
     s, a = 0.8, 0.6
     ms = 32.5 + 2.8 + 6.8 * 2 + (1 - s) * 229.4
     assert p.route_rate(1, a, s) == pytest.approx((s + (1 - s) * (1 + a)) / ms)
+
+
+def test_a_light_branch_with_lone_steps_is_planned_at_batch_one():
+    """A light branch that runs each session's one-token step alone (``lone_steps`` in its
+    results) charges every drafting request a whole light forward, whatever the heavy batch;
+    the planner then drafts less under load than for a light branch that batches its steps."""
+    shared, lone = BranchCosts(), BranchCosts()
+    for costs, flag in ((shared, False), (lone, True)):
+        for tokens in (1, 2, 4, 8, 16, 32) * 5:
+            costs.heavy.observe(1, tokens * 8, MIX_CPU_HEAVY.ms(tokens * 8), 8)
+            costs.light.observe(1, tokens, MIX_CPU_LIGHT.ms(tokens), 1, lone_steps=flag)
+    assert lone.light.lone_steps and not shared.light.lone_steps
+    assert lone.planner().light_batch == 1.0 and shared.planner().light_batch > 7
+    assert lone.planner().block_ms(4) > shared.planner().block_ms(4)

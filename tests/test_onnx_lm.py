@@ -152,3 +152,31 @@ def test_a_min_rows_model_pads_and_returns_the_callers_shapes(lm, tiny_export, t
     assert c.shape == d.shape == (1, 1, lm.info.vocab_size)
     assert new_c[0][0].shape == new_d[0][0].shape == (1, lm.info.num_kv_heads, 1, lm.info.head_dim)
     np.testing.assert_allclose(c, d, atol=TOL)
+
+
+def test_pad_false_runs_a_min_rows_model_as_given(lm, tiny_export, tmp_path):
+    """``pad=False`` (the engine's lone decode steps): a ``min_rows`` 2 model runs a one-session,
+    one-token forward as one row; shapes and values are the unpadded call's."""
+    import dataclasses
+
+    out, _ = tiny_export
+    src, dst = out / "heavy" / "1", tmp_path / "lone"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name != "model.json":
+            (dst / f.name).hardlink_to(f)
+    dataclasses.replace(ModelInfo.load(src / "model.json"), min_rows=2).save(dst / "model.json")
+    lone = OnnxCausalLM(dst)
+    seen = []
+    run = lone._forward
+    lone._forward = lambda ids, *rest: seen.append(ids.shape) or run(ids, *rest)
+    ids = np.array([[10, 20, 30]])
+    _, kv = lm.forward(ids, np.ones((1, 3), np.int64), np.arange(3)[None], lm.empty_past(1))
+    step = (np.array([[40]]), np.ones((1, 4), np.int64), np.array([[3]]), kv, np.array([[0]]))
+    a, new_a = lone.forward(*step, pad=False)
+    b, new_b = lm.forward(*step)
+    assert seen == [(1, 1)]  # one row: the single-row path, no copy
+    assert a.shape == b.shape == (1, 1, lm.info.vocab_size) and new_a[0][0].shape == new_b[0][0].shape
+    np.testing.assert_allclose(a, b, atol=TOL)
+    lone.forward(*step)
+    assert seen[-1] == (2, 1)  # the default pads to two copies

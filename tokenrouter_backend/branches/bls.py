@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import (
-    TENSOR_OUTPUTS,
     BranchOp,
     BranchResult,
     decode_error,
@@ -25,7 +24,10 @@ class BlsBranch(Branch):
         self.model_name = model_name
         self.pb_utils = pb_utils
         self.timeout_ms = timeout_ms  # 0 = no BLS timeout
-        self._outputs = list(TENSOR_OUTPUTS.values())
+        # no requested outputs: Triton returns every output the branch's config declares, so a
+        # branch of a repository exported before an optional output existed still answers
+        # (requesting an undeclared output fails the request); result_from_arrays defaults it
+        self._outputs: list[str] = []
 
     async def step(self, op: BranchOp) -> BranchResult:
         pb = self.pb_utils

@@ -38,7 +38,7 @@ from tokenrouter_backend.core.branch_protocol import (
 
 # outputs a branch of an older repository may lack (``result_from_arrays`` defaults them)
 OPTIONAL_OUTPUTS = frozenset(TENSOR_OUTPUTS[k] for k in ("dist", "forward_tokens", "forwards", "reused_tokens",
-                                                           "margin"))
+                                                           "margin", "lone_steps"))
 
 log = logging.getLogger("tokenrouter.remote_branch")
 

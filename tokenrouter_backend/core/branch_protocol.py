@@ -100,6 +100,9 @@ class BranchResult:
     # float32 [T]: top-1 minus top-2 probability of each position's processed distribution;
     # empty = unknown (a branch whose config predates the output)
     margin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # the branch runs one-token steps alone, never batched (engine ``lone_decode_steps``):
+    # its draft steps cost every session a whole forward
+    lone_steps: bool = False
 
 
 class BranchError(RuntimeError):
@@ -173,6 +176,7 @@ TENSOR_OUTPUTS = {
     "forwards": "forwards",  # INT32 [1]
     "reused_tokens": "reused_tokens",  # INT32 [1]
     "margin": "margin",  # FP32 [-1]
+    "lone_steps": "lone_steps",  # BOOL [1]
 }
 
 
@@ -253,6 +257,7 @@ def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:
         "forwards": np.array([[res.forwards]], dtype=np.int32),
         "reused_tokens": np.array([[res.reused_tokens]], dtype=np.int32),
         "margin": np.asarray(res.margin, np.float32).reshape(1, -1),
+        "lone_steps": np.array([[res.lone_steps]], dtype=bool),
     }
     return {TENSOR_OUTPUTS[k]: v for k, v in values.items()}
 
@@ -267,6 +272,7 @@ def result_from_arrays(get) -> BranchResult:
         return 0 if value is None else int(value.reshape(-1)[0])
 
     margin = get(TENSOR_OUTPUTS["margin"])
+    lone = get(TENSOR_OUTPUTS["lone_steps"])
 
     return BranchResult(
         tokens=get(TENSOR_OUTPUTS["tokens"]).reshape(-1),
@@ -281,4 +287,5 @@ def result_from_arrays(get) -> BranchResult:
         forwards=optional_int("forwards"),
         reused_tokens=optional_int("reused_tokens"),
         margin=np.zeros(0, np.float32) if margin is None else margin.reshape(-1).astype(np.float32, copy=False),
+        lone_steps=False if lone is None else bool(lone.reshape(-1)[0]),
     )

@@ -10,8 +10,9 @@ forward of 16 x 6 tokens costs about what one of 16 costs. This CPU is compute-b
 as one it generates.
 
 With B requests sharing a forward (each branch's mean batch; the light one never below the
-heavy one's, since drafting requests reach both), one request's share of a block that drafts k
-tokens is
+heavy one's, since drafting requests reach both — except a light branch that reports
+``lone_steps``, whose draft steps each session pays alone: B_light = 1), one request's share
+of a block that drafts k tokens is
 
     cost(k) = k * (L.fixed / B_light + L.per_token) + H.fixed / B_heavy + H.per_token * (k + 1)
 
@@ -110,12 +111,14 @@ class CostCurve:
         self.samples: deque[tuple[float, float, float]] = deque(maxlen=window)  # (forwards, tokens, ms)
         self.min_samples = min_samples
         self.batch = 1.0  # EWMA of sessions per forward
+        self.lone_steps = False  # the branch runs one-token steps alone (BranchResult.lone_steps)
         self._fit: Curve | None = None
         self._stale = True
         self.stalls = 0  # steps the last fit left out as stalls (see _solve)
 
-    def observe(self, forwards: int, tokens: int, ms: float, batch_size: int) -> None:
+    def observe(self, forwards: int, tokens: int, ms: float, batch_size: int, lone_steps: bool = False) -> None:
         """One step: ``forwards`` forwards carrying ``tokens`` padded tokens in all took ``ms``."""
+        self.lone_steps = lone_steps
         if forwards <= 0 or tokens <= 0 or ms <= 0:
             return
         self.samples.append((float(forwards), float(tokens), float(ms)))
@@ -248,8 +251,10 @@ class BranchCosts:
             r = self.config.light_ratio
             light = Curve(h.fixed * r, h.per_token * r)
         # the light model batches the same live requests the heavy one does once they draft:
-        # its own mean batch is stale while the plan keeps it idle (heavy-only steps under load)
-        return Planner(h, light, self.heavy.batch, max(self.light.batch, self.heavy.batch))
+        # its own mean batch is stale while the plan keeps it idle (heavy-only steps under load);
+        # a light branch with lone steps runs each session's draft step as a forward of its own
+        light_batch = 1.0 if self.light.lone_steps else max(self.light.batch, self.heavy.batch)
+        return Planner(h, light, self.heavy.batch, light_batch)
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
@@ -367,7 +372,8 @@ class MeteredBranch(Branch):
     async def step(self, op: BranchOp) -> BranchResult:
         result = await self.inner.step(op)
         if not op.release:
-            self.curve.observe(result.forwards, result.forward_tokens, result.forward_ms, result.batch_size)
+            self.curve.observe(result.forwards, result.forward_tokens, result.forward_ms, result.batch_size,
+                               result.lone_steps)
         return result
 
     async def release(self, session_id: int) -> None:

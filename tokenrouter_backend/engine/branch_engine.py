@@ -5,6 +5,9 @@ truncation, then batched forwards over the ops' new tokens (past left-padded, ne
 right-padded, per-row position ids) of at most ``max_forward_tokens`` padded tokens each —
 short ops share a forward, a long prompt is fed alone in chunks, so one forward's
 activations stay bounded — then batched one-token forwards for the ops still drafting.
+With ``lone_decode_steps`` (a model whose single-row kernel path differs: ``min_rows`` > 1)
+every forward of one session feeding one token runs alone and unpadded instead, and no
+one-token row joins a batch, so each session still gets the same logits at any load.
 The LM head runs only on the positions an op asks for (``score_last``: a prefill needs its
 last position, a verify its drafts). One op's failure (bad keep_len, missing session, too
 long, KV budget full) fails only that op. With ``turns`` (``core_turns.CoreTurns``) each
@@ -38,6 +41,9 @@ class EngineConfig:
     kv_cache_budget_mb: float = 2048.0  # new sessions are refused above this much KV memory
     max_batch: int = 32  # ops per batched forward; more are run in further forwards
     max_forward_tokens: int = 512  # padded tokens (rows x longest) one forward may carry
+    # a model with min_rows > 1: one session feeding one token runs alone and unpadded (the
+    # single-row kernel path), never inside a batch; everything else stays padded and batched
+    lone_decode_steps: bool = True
     prefix_cache: bool = True  # share KV blocks of repeated prefixes between sessions
     prefix_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS  # positions per shared block
     kv_sink_tokens: int = kv_window.DEFAULT_SINK_TOKENS  # leading positions a step's kv_window always keeps
@@ -109,6 +115,8 @@ class BranchEngine:
         self.config = config
         self.name = name
         self.max_len = model.info.max_position_embeddings
+        # lone steps only change anything for a model whose single-row path differs (min_rows > 1)
+        self.lone = config.lone_decode_steps and getattr(model.info, "min_rows", 1) > 1
         cache = PrefixCache(config.prefix_cache_block_tokens) if config.prefix_cache else None
         self.store = store or KVStore(KVShape.from_info(model.info), config.session_ttl_s,
                                       config.budget_bytes, name=name,
@@ -152,7 +160,7 @@ class BranchEngine:
             self._extend(works)
             drafting = [w for w in works if w.wants_more(self.max_len)]
             while drafting:
-                rows = self.config.max_forward_tokens
+                rows = 1 if self.lone else self.config.max_forward_tokens
                 for start in range(0, len(drafting), rows):
                     self._draft_step(drafting[start:start + rows])
                 drafting = [w for w in drafting if w.wants_more(self.max_len)]
@@ -235,12 +243,17 @@ class BranchEngine:
 
     def _next_forward(self, pending: list[_Work]) -> list[tuple[_Work, int]]:
         """The ops (and chunk lengths) of the next forward: shortest remaining first, as many
-        as fit the token budget with rows padded to the longest chunk."""
+        as fit the token budget with rows padded to the longest chunk. With lone steps a
+        one-token chunk is a forward of its own and never joins one of longer chunks."""
         budget = self.config.max_forward_tokens
         group: list[tuple[_Work, int]] = []
         width = 0
         for w in sorted(pending, key=lambda x: x.remaining):
             chunk = min(w.feedable, budget)
+            if self.lone and chunk == 1:
+                if not group:
+                    return [(w, 1)]
+                continue
             if group and (len(group) + 1) * max(width, chunk) > budget:
                 break
             group.append((w, chunk))
@@ -306,7 +319,11 @@ class BranchEngine:
         past = self.store.gather(sessions) if past_len else self.model.empty_past(batch)
         with self.turns.turn() if self.turns is not None else nullcontext():
             t0 = time.perf_counter()  # after the turn: forward_ms is the forward's own cost
-            logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions)
+            if self.lone and batch == 1 and new_len == 1:
+                logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions,
+                                                    pad=False)
+            else:
+                logits, new_kv = self.model.forward(input_ids, mask, position_ids, past, logits_positions)
             ms = (time.perf_counter() - t0) * 1e3
         tokens = batch * new_len
         self.last_batch_sizes.append(batch)
@@ -359,6 +376,7 @@ class BranchEngine:
             forwards=w.forwards,
             reused_tokens=w.reused,
             margin=np.concatenate(w.margins) if w.margins else np.zeros(0, np.float32),
+            lone_steps=self.lone,
         )
 
 

@@ -174,6 +174,7 @@ class OnnxCausalLM:
         position_ids: np.ndarray,
         past: list[tuple[np.ndarray, np.ndarray]],
         logits_positions: np.ndarray | None = None,
+        pad: bool = True,
     ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """One forward pass.
 
@@ -182,17 +183,20 @@ class OnnxCausalLM:
         S new positions (None = all). Returns logits [B, K, V] float32 and per layer the
         new tokens' (key, value) [B, kv_heads, S, head_dim]. A model with ``min_rows`` > 1
         runs a shorter forward padded (``pad_rows``); the outputs are the caller's shapes.
+        ``pad=False`` runs it as given: the single-row kernel path, for a caller that runs every
+        one-session, one-token forward that way (``EngineConfig.lone_decode_steps``).
         """
-        pad = pad_rows(*input_ids.shape, logits_positions, self.info.min_rows) if self.info.min_rows > 1 else None
-        if pad is None:
+        padding = pad_rows(*input_ids.shape, logits_positions, self.info.min_rows) \
+            if pad and self.info.min_rows > 1 else None
+        if padding is None:
             return self._forward(input_ids, attention_mask, position_ids, past, logits_positions)
-        n = pad.copies
+        n = padding.copies
         logits, new_kv = self._forward(
             np.tile(input_ids, (n, 1)), np.tile(attention_mask, (n, 1)), np.tile(position_ids, (n, 1)),
             [(np.concatenate([k] * n), np.concatenate([v] * n)) if n > 1 else (k, v) for k, v in past],
-            np.tile(pad.logits_positions, (n, 1)))
-        b = pad.batch
-        return logits[:b, :pad.wanted], [(k[:b], v[:b]) for k, v in new_kv]
+            np.tile(padding.logits_positions, (n, 1)))
+        b = padding.batch
+        return logits[:b, :padding.wanted], [(k[:b], v[:b]) for k, v in new_kv]
 
     def _forward(self, input_ids, attention_mask, position_ids, past, logits_positions):
         feeds = {

@@ -10,8 +10,10 @@ import time
 import numpy as np
 
 
-def step_ms(lm, batch: int, past_len: int, new: int = 1, warmup: int = 3, repeats: int = 20) -> float:
-    """Median ms of one ``forward`` over ``new`` tokens at ``batch`` rows and ``past_len`` cached."""
+def step_ms(lm, batch: int, past_len: int, new: int = 1, warmup: int = 3, repeats: int = 20,
+            pad: bool = True) -> float:
+    """Median ms of one ``forward`` over ``new`` tokens at ``batch`` rows and ``past_len`` cached.
+    ``pad=False``: a ``min_rows`` model's forward as given (the engine's lone decode steps)."""
     info = lm.info
     rng = np.random.default_rng(0)
     past = lm.empty_past(batch)
@@ -25,7 +27,7 @@ def step_ms(lm, batch: int, past_len: int, new: int = 1, warmup: int = 3, repeat
     times = []
     for i in range(warmup + repeats):
         t0 = time.perf_counter()
-        lm.forward(ids, mask, pos, past)  # logits come to the host: synchronous
+        lm.forward(ids, mask, pos, past, **({} if pad else {"pad": False}))  # logits come to the host
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
     return float(np.median(times))

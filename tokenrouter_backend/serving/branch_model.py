@@ -22,7 +22,7 @@ from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.onnx_lm import OrtThreading
 from tokenrouter_backend.operations.metrics import SumCount
-from tokenrouter_backend.serving.tensors import config_parameters
+from tokenrouter_backend.serving.tensors import config_outputs, config_parameters
 
 DEVICES = ("cpu", "cuda", "tensorrt")
 RUNTIMES = ("onnx", "torch")  # onnx (default): ONNX Runtime; torch: transformers on torch
@@ -55,7 +55,7 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
              "core_slice_ms",
              "max_draft_len", "session_ttl_s",
              "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
-             "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens"}
+             "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens", "lone_decode_steps"}
     for key, value in raw.items():
         if key not in known:
             raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
@@ -101,6 +101,7 @@ def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
         prefix_cache=flag("prefix_cache", d.prefix_cache),
         prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
         kv_sink_tokens=num("kv_sink_tokens", int, d.kv_sink_tokens, 0),
+        lone_decode_steps=flag("lone_decode_steps", d.lone_decode_steps),
     )
     b = BranchParams()
     return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
@@ -253,6 +254,9 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.name = args["model_name"]
         self.params = parse_params(config_parameters(args), self.name)
+        # a repository exported before an output existed does not declare it: leave it out
+        # (the router takes such outputs as optional, branch_protocol.result_from_arrays)
+        self.outputs = config_outputs(args)
         self.guard = BranchGuard(self.name, load_key(Path(args["model_repository"])))
         version_dir = Path(args["model_repository"]) / args["model_version"]
         model, model_dir = load_model(self.params, version_dir)
@@ -290,7 +294,8 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"{self.name}: engine failed:\n{traceback.format_exc()}")
             results = [RuntimeError(f"{self.name}: internal error: {type(exc).__name__}: {exc}")] * len(ops)
         for i, result in zip(where, results):
-            responses[i] = _error(encode_error(result)) if isinstance(result, Exception) else _response(result)
+            responses[i] = _error(encode_error(result)) if isinstance(result, Exception) \
+                else _response(result, self.outputs)
         self._record_metrics()
         return responses
 
@@ -320,8 +325,8 @@ def _input(request, name: str):
     return None if tensor is None else tensor.as_numpy()
 
 
-def _response(result):
-    tensors = [pb_utils.Tensor(name, array) for name, array in result_to_arrays(result).items()]
+def _response(result, outputs: frozenset[str]):
+    tensors = [pb_utils.Tensor(name, array) for name, array in result_to_arrays(result).items() if name in outputs]
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

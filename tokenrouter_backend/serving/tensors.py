@@ -16,6 +16,11 @@ def config_parameters(args: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
+def config_outputs(args: dict) -> frozenset[str]:
+    """Names of the outputs config.pbtxt declares (Triton refuses a response with any other)."""
+    return frozenset(o["name"] for o in json.loads(args["model_config"]).get("output", []))
+
+
 def input_array(pb_utils, request, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
