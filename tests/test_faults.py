@@ -10,13 +10,15 @@ tests start tritonserver directly, without serve's restart policy.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import signal
+import threading
 import time
 
 import pytest
 
-from tokenrouter_backend.client.triton_client import GenerationError, generate_http
+from tokenrouter_backend.client.triton_client import MODEL, GenerationError, generate_http
 
 pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
@@ -36,19 +38,54 @@ def stub_pid(server, model: str) -> int:
 
 
 def kill_stub_mid_request(server, model: str) -> tuple[str, float]:
-    """Kill ``model``'s stub while a long request runs on it; (its error, seconds to fail)."""
+    """Kill ``model``'s stub while a long streamed request runs on it; (its error, seconds to fail).
+
+    The kill waits for the stream's first tokens, so the request is generating on the branch
+    when its stub dies (a fixed sleep raced the tiny light model, which writes 900 tokens in
+    about a second).
+    """
     host = server.http_url.removeprefix("http://")
     victim = stub_pid(server, model)
+    stream = EventStream(host, PROMPT, max_tokens=900, router_mode=model, timeout_s=ANSWER_BOUND_S)
     with cf.ThreadPoolExecutor(1) as pool:
-        job = pool.submit(generate_http, host, PROMPT, max_tokens=900, router_mode=model,
-                          timeout_s=ANSWER_BOUND_S)
-        time.sleep(1.0)  # the request is generating
-        assert not job.done(), "the request ended before the stub was killed: make it longer"
+        job = pool.submit(drain_after_first_chunk, stream)
+        first = stream.first_chunk.wait(ANSWER_BOUND_S)
+        assert first and not job.done(), "the request ended before it streamed: make it longer"
         t0 = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         with pytest.raises((GenerationError, OSError)) as err:  # OSError: the server itself went away
-            job.result(timeout=ANSWER_BOUND_S)
+            tokens = job.result(timeout=ANSWER_BOUND_S)
+            pytest.fail(f"the request finished ({tokens} chunks) although its {model} stub was killed")
         return str(err.value), time.monotonic() - t0
+
+
+class EventStream:
+    """A /generate_stream request whose server-sent events are read on a worker thread."""
+
+    def __init__(self, host: str, prompt: str, timeout_s: float, **knobs):
+        import requests
+
+        body = {"text_input": prompt, "stream": True, **knobs}
+        self.response = requests.post(f"http://{host}/v2/models/{MODEL}/generate_stream", json=body,
+                                      stream=True, timeout=timeout_s)
+        self.first_chunk = threading.Event()
+
+
+def drain_after_first_chunk(stream: "EventStream") -> int:
+    """Read events to the end, flagging the first; raise GenerationError on an error event."""
+    chunks = 0
+    try:
+        for line in stream.response.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            data = json.loads(line[5:])
+            if "error" in data:
+                raise GenerationError(data["error"])
+            chunks += 1
+            stream.first_chunk.set()
+    finally:
+        stream.first_chunk.set()
+    return chunks
 
 
 # tritonserver 2.51's Python backend, when a stub dies while it holds their shared-memory
