@@ -117,3 +117,30 @@ def test_an_arm_can_run_on_a_second_server(problem, monkeypatch, tmp_path):
     assert [(u, m) for u, m, _ in measured] == [("127.0.0.1:8000", "heavy"), ("127.0.0.1:8000", "route"),
                                                ("127.0.0.1:8010", "route")]
     assert [r.arm for r in records] == ["heavy", "router", "router#127.0.0.1:8010"]
+
+
+def test_a_dropped_connection_fails_its_arm_and_the_run_goes_on(problem, monkeypatch, tmp_path):
+    """A server that refuses or drops a request (requests raises an OSError) fails that arm's
+    record, named in its error; the prewarm and the other arms still run, and every record
+    keeps the answer's routing stats."""
+    import requests
+
+    from tokenrouter_backend.client import humaneval, triton_client
+
+    stats = {"generated_tokens": 9, "light_tokens": 7, "heavy_calls": 2, "heavy_ms": 12.5}
+
+    def fake_generate(url, prompt, **knobs):
+        if url == "127.0.0.1:8010":
+            raise requests.ConnectionError("connection refused")
+        return triton_client.GenerationResult(problem["canonical_solution"], stats, 0.1, 0.2)
+
+    monkeypatch.setattr(triton_client, "generate_http", fake_generate)
+    lines = []
+    arms = [Arm.parse("heavy"), Arm.parse("router#127.0.0.1:8010"), Arm.parse("router")]
+    records = humaneval.run("127.0.0.1:8000", [problem, problem], ["raw"], arms, 16, None, tmp_path / "he.jsonl",
+                            log=lines.append)
+    assert len(records) == 6 and any("prewarm 127.0.0.1:8010: connection refused" in line for line in lines)
+    failed = [r for r in records if r.arm == "router#127.0.0.1:8010"]
+    assert all(r.error == "connection refused" and not r.passed and r.tokens == 0 for r in failed)
+    served = [r for r in records if r.arm != "router#127.0.0.1:8010"]
+    assert all(r.passed and r.stats == stats for r in served)

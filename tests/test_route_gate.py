@@ -76,13 +76,36 @@ def stood_classes(records) -> list[int]:
     return out
 
 
-def test_critical_numbers_always_go_to_the_heavy_model():
+def test_verify_classes_always_go_to_the_heavy_model():
     vocab = VocabClasses.from_texts(TEXTS)
     lax = RouteGate(dataclasses.replace(ClassPolicy(), scales=(1.0,) * len(TokenClass)), vocab)
     stood = stood_classes(route_records(lax))
     assert TokenClass.NUMBER in stood  # control: without the rule, confident numbers stand unchecked
-    strict = stood_classes(route_records(RouteGate(ClassPolicy(), vocab)))
+    numbers_verified = ClassPolicy.from_config({"critical_number": "verify"})
+    strict = stood_classes(route_records(RouteGate(numbers_verified, vocab)))
     assert strict and TokenClass.NUMBER not in strict and TokenClass.END not in strict
+
+
+def test_default_numbers_need_twice_the_bar():
+    """critical_number 2: under the confidence rule at 0.8 a number never stands (bar 1.6);
+    under a learned router it stands only at half the router's P(disagree) bar."""
+    assert ClassPolicy().scales[TokenClass.NUMBER] == 2.0 and ClassPolicy().scales[TokenClass.END] == math.inf
+    params = RouterDefaults().request_params({"router_mode": "route"})
+    assert params.confidence_threshold == 0.8
+    vocab = VocabClasses.from_texts(TEXTS)
+    drafts = [20, 3, 21]  # a word, the digit 3, a word
+    certain = np.ones(3)
+    rule = RouteGate(ClassPolicy(), vocab).decide(None, drafts, certain, np.zeros(3), 0, params, RouteContext(),
+                                                  frozenset())
+    assert rule.stand == 1  # even a certain number goes to the heavy model under the confidence rule
+    router = router_on_confidence(threshold=0.2)  # P(disagree) = sigmoid(-4 p); words at 0.99: 0.019
+    gate = RouteGate(ClassPolicy(), vocab, router)
+    p_between = np.array([0.99, 0.4, 0.99])  # the number's P = 0.17: under 0.2, over 0.1
+    p_low = np.array([0.99, 0.7, 0.99])  # P = 0.057: under 0.1
+    assert gate.decide(None, drafts, p_between, np.zeros(3), 0, params, RouteContext(), frozenset()).stand == 1
+    assert gate.decide(None, drafts, p_low, np.zeros(3), 0, params, RouteContext(), frozenset()).stand == 3
+    plain = RouteGate(ClassPolicy((1.0,) * len(TokenClass)), vocab, router)
+    assert plain.decide(None, drafts, p_between, np.zeros(3), 0, params, RouteContext(), frozenset()).stand == 3
 
 
 def test_threshold_scale_raises_the_bar_of_one_class():

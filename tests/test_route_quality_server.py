@@ -68,7 +68,8 @@ def repository(tmp_path_factory, tiny_repository) -> Path:
 def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository, start_triton, tmp_path, capsys):
     log1 = tmp_path / "first.jsonl"
     # the tiny pair drafts hardly a digit: line starts (which it drafts a lot) are made critical
-    set_router_params(repository, decision_log_path=str(log1), cost_model="false", critical_line_start="verify")
+    set_router_params(repository, decision_log_path=str(log1), cost_model="false", critical_line_start="verify",
+                      critical_number="verify")
     server = start_triton(repository)
     url = server.http_url.replace("http://", "")
     run_all(url, "verify", **LOW_BARS)

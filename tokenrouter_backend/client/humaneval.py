@@ -31,7 +31,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -138,6 +138,7 @@ class Record:
     passed: bool
     text: str
     error: str = ""
+    stats: dict = field(default_factory=dict)  # the answer's routing_stats (where the time went)
 
 
 def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequence[Arm], max_tokens: int,
@@ -155,7 +156,7 @@ def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequen
                 for server in dict.fromkeys([url, *(arm.url for arm in arms if arm.url)]):
                     try:
                         prewarm(server, prompt)
-                    except GenerationError as exc:
+                    except (GenerationError, OSError) as exc:  # OSError: refused / dropped connection
                         log(f"{problem['task_id']:14s} {fmt:4s} prewarm {server}: {exc}")
                 shift = i % len(arms)
                 for arm in list(arms[shift:]) + list(arms[:shift]):
@@ -165,8 +166,9 @@ def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequen
                                             **NO_REUSE_KNOBS, **arm.knobs)
                         s = res.stats
                         rec = Record(problem["task_id"], fmt, arm.name, s["generated_tokens"], res.latency_s,
-                                     s["light_tokens"], s["heavy_calls"], passed(problem, fmt, res.text), res.text)
-                    except GenerationError as exc:
+                                     s["light_tokens"], s["heavy_calls"], passed(problem, fmt, res.text), res.text,
+                                     stats=s)
+                    except (GenerationError, OSError) as exc:  # a server that went away fails its arm only
                         rec = Record(problem["task_id"], fmt, arm.name, 0, time.perf_counter() - t0, 0, 0, False,
                                      "", str(exc))
                     records.append(rec)

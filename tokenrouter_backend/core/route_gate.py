@@ -33,7 +33,9 @@ MAX_SCALE = 10.0
 # config.pbtxt critical_<class> defaults (docs/configuration.md)
 DEFAULT_POLICY: dict[TokenClass, float] = {
     TokenClass.END: math.inf,  # end-of-answer decisions: always the heavy model
-    TokenClass.NUMBER: math.inf,  # numbers and calculations: always the heavy model
+    # numbers: twice as hard a bar (confidence x 2 = never at the default 0.8; a learned
+    # router's P(disagree) bar halved); docs/route_quality.md, "Critical token classes"
+    TokenClass.NUMBER: 2.0,
     TokenClass.OPERATOR: 1.1,
     TokenClass.LOGIC: 1.1,
     TokenClass.DEFINITION: 1.1,
