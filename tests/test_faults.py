@@ -10,7 +10,6 @@ tests start tritonserver directly, without serve's restart policy.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import os
 import signal
 import threading
@@ -18,7 +17,7 @@ import time
 
 import pytest
 
-from tokenrouter_backend.client.triton_client import MODEL, GenerationError, generate_http
+from tokenrouter_backend.client.triton_client import GenerationError, generate_http
 
 pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
@@ -46,46 +45,19 @@ def kill_stub_mid_request(server, model: str) -> tuple[str, float]:
     """
     host = server.http_url.removeprefix("http://")
     victim = stub_pid(server, model)
-    stream = EventStream(host, PROMPT, max_tokens=900, router_mode=model, timeout_s=ANSWER_BOUND_S)
+    streaming = threading.Event()
     with cf.ThreadPoolExecutor(1) as pool:
-        job = pool.submit(drain_after_first_chunk, stream)
-        first = stream.first_chunk.wait(ANSWER_BOUND_S)
+        job = pool.submit(generate_http, host, PROMPT, stream=True, max_tokens=900, router_mode=model,
+                          timeout_s=ANSWER_BOUND_S, on_chunk=lambda _text: streaming.set())
+        job.add_done_callback(lambda _job: streaming.set())
+        first = streaming.wait(ANSWER_BOUND_S)
         assert first and not job.done(), "the request ended before it streamed: make it longer"
         t0 = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         with pytest.raises((GenerationError, OSError)) as err:  # OSError: the server itself went away
-            tokens = job.result(timeout=ANSWER_BOUND_S)
-            pytest.fail(f"the request finished ({tokens} chunks) although its {model} stub was killed")
+            result = job.result(timeout=ANSWER_BOUND_S)
+            pytest.fail(f"the request finished ({result.tokens} tokens) although its {model} stub was killed")
         return str(err.value), time.monotonic() - t0
-
-
-class EventStream:
-    """A /generate_stream request whose server-sent events are read on a worker thread."""
-
-    def __init__(self, host: str, prompt: str, timeout_s: float, **knobs):
-        import requests
-
-        body = {"text_input": prompt, "stream": True, **knobs}
-        self.response = requests.post(f"http://{host}/v2/models/{MODEL}/generate_stream", json=body,
-                                      stream=True, timeout=timeout_s)
-        self.first_chunk = threading.Event()
-
-
-def drain_after_first_chunk(stream: "EventStream") -> int:
-    """Read events to the end, flagging the first; raise GenerationError on an error event."""
-    chunks = 0
-    try:
-        for line in stream.response.iter_lines():
-            if not line.startswith(b"data:"):
-                continue
-            data = json.loads(line[5:])
-            if "error" in data:
-                raise GenerationError(data["error"])
-            chunks += 1
-            stream.first_chunk.set()
-    finally:
-        stream.first_chunk.set()
-    return chunks
 
 
 # tritonserver 2.51's Python backend, when a stub dies while it holds their shared-memory

@@ -9,7 +9,7 @@ import json
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,8 +55,11 @@ def request_body(prompt: str, stream: bool, knobs: dict[str, Any]) -> dict:
     return body
 
 
-def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float = 600, **knobs) -> GenerationResult:
-    """POST /v2/models/tokenrouter/generate (or generate_stream, SSE) on ``url`` (host:port)."""
+def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float = 600,
+                  on_chunk: Callable[[str], None] | None = None, **knobs) -> GenerationResult:
+    """POST /v2/models/tokenrouter/generate (or generate_stream, SSE) on ``url`` (host:port).
+
+    ``on_chunk``: streamed, called with each chunk's text as it arrives."""
     import requests
 
     endpoint = "generate_stream" if stream else "generate"
@@ -79,6 +82,8 @@ def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float 
             raise GenerationError(data["error"])
         times.append(time.perf_counter() - start)
         chunks.append(data["text_output"])
+        if on_chunk is not None:
+            on_chunk(data["text_output"])
         stats = json.loads(data["routing_stats"])
     if resp.status_code != 200:
         raise GenerationError(resp.text)
