@@ -18,7 +18,12 @@ def test_arms():
                                             "learned_router": False}
     assert Arm.parse("router").knobs["learned_router"] is True and Arm.parse("heavy").knobs == {"router_mode": "heavy"}
     assert Arm.parse("router@0.3").knobs == {"router_mode": "route", "learned_router": True, "router_threshold": 0.3}
-    for bad in ("route@x", "route@3", "fast", "router@1.5", "router@"):
+    assert Arm.parse("router+light_copies=false").knobs == {"router_mode": "route", "learned_router": True,
+                                                            "light_copies": False}
+    both = Arm.parse("route@0.8+light_copies=true+ngram_drafts=false#localhost:8010")
+    assert both.url == "localhost:8010" and both.knobs["light_copies"] is True and both.knobs["ngram_drafts"] is False
+    assert both.name == "route@0.8+light_copies=true+ngram_drafts=false#localhost:8010"
+    for bad in ("route@x", "route@3", "fast", "router@1.5", "router@", "router+light_copies=no", "router+fast=true"):
         with pytest.raises(ValueError, match="arm"):
             Arm.parse(bad)
 

@@ -142,6 +142,23 @@ def test_ngram_drafts_change_no_token(tmp_path, tiny_repository, prompts, start_
         assert st_on["generated_tokens"] == st_on["light_tokens"] + st_on["heavy_tokens"] + st_on["ngram_tokens"]
 
 
+def test_light_copies_change_no_token(tmp_path, tiny_repository, prompts, start_triton):
+    """Route's light model reads n-gram copies in one forward: where route is exact
+    (threshold above 1: every draft checked) the answer is heavy's with copies read or not."""
+    server = start_triton(repository(tmp_path, tiny_repository, cache=True))
+    copy = prompts[0] + prompts[0][-40:] + prompts[0][-40:-30]
+    case = {"router_mode": "route", "confidence_threshold": 1.5, "max_tokens": 32}
+    on, st_on = router_tokens(server.grpc_url, copy, light_copies=True, **case)
+    off, st_off = router_tokens(server.grpc_url, copy, light_copies=False, **case)
+    heavy, _ = router_tokens(server.grpc_url, copy, max_tokens=32, router_mode="heavy")
+    assert on == off == heavy
+    assert st_off["light_copy_blocks"] == 0 and st_on["light_copy_blocks"] > 0
+    assert 0 < st_on["light_copy_drafts_accepted"] <= st_on["light_copy_drafts_proposed"]
+    assert st_on["ngram_blocks"] == 0 and st_on["generated_tokens"] == st_on["light_tokens"] + st_on["heavy_tokens"]
+    print("light copies on/off:", {k: (st_on[k], st_off[k]) for k in
+                                   ("light_calls", "drafts_proposed", "light_copy_drafts_accepted", "heavy_calls")})
+
+
 def test_decision_cache_and_light_kv_window_change_no_token(tmp_path, tiny_repository, prompts, start_triton):
     server = start_triton(repository(tmp_path, tiny_repository, cache=True, answers=16))
     prompt = prompts[1]

@@ -43,6 +43,7 @@ class FakeBranch(Branch):
         self.margin = margin  # False: answers like a branch whose config predates the margin output
         self.sessions: dict[int, list[int]] = {}
         self.ops: list[BranchOp] = []
+        self.forwards = 0  # model forwards a real branch would run: one per op's input, one per further draft
 
     @property
     def calls(self) -> int:
@@ -63,6 +64,7 @@ class FakeBranch(Branch):
         if op.keep_len > len(seq):
             raise BranchError(f"keep_len {op.keep_len} > session length {len(seq)}")
         seq = seq[: op.keep_len]
+        self.forwards += 1
         rows, positions = [], []
         for t in op.input_ids:
             seq.append(int(t))
@@ -83,6 +85,7 @@ class FakeBranch(Branch):
             if p_list[-1] < op.min_confidence or h_list[-1] > op.max_entropy:
                 break
             seq.append(int(tokens[-1]))
+            self.forwards += 1
             pr = processed_probs(self.lm.logits(seq)[None], op.sampling)
             tok = int(choose(pr, op.sampling, np.asarray([len(seq)]))[0])
             tokens.append(tok)

@@ -19,7 +19,8 @@ ROUTER_KNOB_TYPES = {
     "temperature": (np.float32, "FP32"), "top_p": (np.float32, "FP32"),
     "confidence_threshold": (np.float32, "FP32"), "entropy_threshold": (np.float32, "FP32"),
     "rollback_threshold": (np.float32, "FP32"), "draft_confidence_threshold": (np.float32, "FP32"),
-    "ngram_drafts": (bool, "BOOL"), "answer_cache": (bool, "BOOL"), "light_kv_window": (np.int32, "INT32"),
+    "ngram_drafts": (bool, "BOOL"), "light_copies": (bool, "BOOL"), "answer_cache": (bool, "BOOL"),
+    "light_kv_window": (np.int32, "INT32"),
     "random_seed": (np.uint64, "UINT64"), "router_mode": (np.object_, "BYTES"), "block_schedule": (np.object_, "BYTES"),
 }
 

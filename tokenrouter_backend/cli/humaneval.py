@@ -13,7 +13,8 @@ from tokenrouter_backend.client.humaneval_report import markdown, plot_frontier,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="localhost:8000", help="HTTP host:port of the server (default: %(default)s)")
     p.add_argument("--arms", default="heavy,route@0.8,router",
-                   help="comma list of heavy, light, verify, route@T, router, router@T; an arm ending in "
+                   help="comma list of heavy, light, verify, route@T, router, router@T; +KNOB=true|false "
+                        "sets a boolean request input (router+light_copies=false); an arm ending in "
                         "#HOST:PORT runs on that server instead of --url, prompts prewarmed on both (an A/B of "
                         "two servers, e.g. router#localhost:8010) (default: %(default)s)")
     p.add_argument("--formats", default="raw,chat", help=f"comma list of {', '.join(FORMATS)} (default: %(default)s)")

@@ -55,10 +55,15 @@ class Arm:
 
     @classmethod
     def parse(cls, spec: str) -> "Arm":
-        """``MODE[@T][#HOST:PORT]``: the arm's knobs, and optionally another server to run it on
-        (an A/B of two servers, e.g. two builds on one model repository)."""
+        """``MODE[@T][+KNOB=true|false...][#HOST:PORT]``: the arm's knobs, boolean request
+        inputs it sets (an A/B of one feature on one server, e.g. router+light_copies=false),
+        and optionally another server to run it on (an A/B of two servers, e.g. two builds on
+        one model repository)."""
         spec, _, url = spec.strip().partition("#")
-        arm = cls._parse_mode(spec)
+        mode, *switches = spec.split("+")
+        arm = cls._parse_mode(mode)
+        if switches:
+            arm = cls(spec, {**arm.knobs, **dict(_switch(spec, s) for s in switches)})
         if not url:
             return arm
         host, _, port = url.rpartition(":")
@@ -79,6 +84,16 @@ class Arm:
             t = _bar(spec, 2.0)
             return cls(spec, {"router_mode": "route", "confidence_threshold": t, "learned_router": False})
         raise ValueError(f"unknown arm {spec!r}: heavy, light, verify, route@T, router, router@T")
+
+
+def _switch(spec: str, text: str) -> tuple[str, bool]:
+    """One ``KNOB=true|false`` of an arm: a boolean request input and its value."""
+    from .triton_client import KNOBS_BOOL
+
+    name, _, value = text.partition("=")
+    if name not in KNOBS_BOOL or value not in ("true", "false"):
+        raise ValueError(f"arm {spec!r}: +{text} must be KNOB=true|false with KNOB one of {', '.join(KNOBS_BOOL)}")
+    return name, value == "true"
 
 
 def _bar(spec: str, high: float) -> float:

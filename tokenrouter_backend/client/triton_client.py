@@ -19,7 +19,8 @@ KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshol
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
                "router_threshold")
 KNOBS_STR = ("router_mode", "block_schedule")
-KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "answer_cache", "show_routing", "learned_router")
+KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "light_copies", "answer_cache", "show_routing",
+              "learned_router")
 
 
 @dataclass

@@ -6,7 +6,9 @@
                         the agreeing prefix + heavy's own next token are committed
         n-gram        : (verify / route, when the text so far repeats itself) the tokens that
                         followed the last occurrence of the latest n tokens are checked by
-                        one heavy forward — no light forward (``ngram.py``)
+                        one heavy forward — no light forward (``ngram.py``); route by
+                        default has the light model read them instead, in one forward
+                        (``light_copies.py``)
         route         : light drafts; confident tokens are committed unchecked; at the first
                         unconfident token heavy scores everything it has not seen, rolls
                         back to the first token it strongly rejects, verifies the unsure
@@ -56,6 +58,7 @@ from tokenrouter_backend.core.hooks import (
     ACTION_VERIFY,
     BlockHooks,
 )
+from tokenrouter_backend.core.light_copies import LightDrafts, read_copy
 from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM, Mode
 from tokenrouter_backend.core.ngram import DraftSource, NgramDrafter, one_hot
 from tokenrouter_backend.core.params import RouterParams
@@ -246,30 +249,56 @@ class BlockLoop:
         Confident drafts (top-1 prob >= confidence_threshold, entropy <= entropy_threshold)
         are committed unchecked. If any draft is unsure, one heavy forward scores everything
         it has not seen: the unchecked tokens (rollback to the first one it strongly
-        rejects) and the unsure drafts (verified exactly as in verify mode).
+        rejects) and the unsure drafts (verified exactly as in verify mode). Where the text
+        repeats earlier text, the light model reads the copy instead of drafting it
+        (``light_copies.py``).
         """
         p = self.params
         k = min(self.block, self.remaining)
         want_dist = not self.sampling.greedy
-        lstep = await self.light.step(
-            self.tokens, draft_len=k, min_confidence=p.draft_confidence_threshold,
-            sampling=self.sampling, return_dist=want_dist,
-        )
-        lres, drafts = lstep.result, lstep.drafts
-        gate = self._gate(lstep)
+        copy = self.ngram.propose(self.tokens, self.remaining - 1, light=True) if not want_dist else []
+        if copy:
+            light = await self.light_copy_drafts(copy, k)
+        else:
+            light = LightDrafts.of(await self.light.step(
+                self.tokens, draft_len=k, min_confidence=p.draft_confidence_threshold,
+                sampling=self.sampling, return_dist=want_dist,
+            ))
+        drafts = light.drafts
+        gate = self._gate(light)
         confident = gate.stand
         self.stats.drafts_proposed += len(drafts)
         kept = self.commit(drafts[:confident], LIGHT)
         unsure = drafts[confident:] if not self.done else drafts[:0]
         if self.hooks is not None:
             self._note = BlockNote(ACTION_FALLBACK if len(unsure) else ACTION_ACCEPT, drafted=drafts,
-                                   confidence=lstep.draft_probs, entropy=lstep.draft_entropy,
+                                   confidence=light.draft_probs, entropy=light.draft_entropy,
                                    committed_light=kept, gate=gate, acceptance=self.route_context.acceptance)
         accepted = confident
         if len(unsure):
-            q = lres.dist[-len(unsure) :] if want_dist else None
+            q = light.dist[-len(unsure) :] if want_dist else None
             accepted += await self.heavy_check(unsure, q, relaxed=gate.ok[confident : confident + len(unsure)])
         self.block = policy.next_block_size(p, self.block, len(drafts), accepted)
+
+    async def light_copy_drafts(self, copy: list[int], k: int) -> LightDrafts:
+        """route, greedy: the light model reads ``copy`` in one forward; its agreeing prefix
+        and its choice after it are the drafts. When one of them is unsure (a heavy check
+        follows), the light model drafts on to the block's ``k`` drafts, as token-by-token
+        drafting would have, so that the check looks as far ahead."""
+        p = self.params
+        step = await self.light.step(self.tokens, extra=copy, score_from=len(self.tokens) - 1)
+        light, agreed = read_copy(copy, step.result, p.draft_confidence_threshold)
+        self.stats.light_copy_blocks += 1
+        self.stats.light_copy_drafts_proposed += len(copy)
+        self.stats.light_copy_drafts_accepted += agreed
+        self.ngram.update(len(copy), agreed)
+        rest = min(k, self.remaining) - len(light)
+        if rest > 0 and light.draft_probs[-1] >= p.draft_confidence_threshold \
+                and self._gate(light).stand < len(light):
+            more = await self.light.step(self.tokens + [int(t) for t in light.drafts], draft_len=rest,
+                                         min_confidence=p.draft_confidence_threshold, sampling=self.sampling)
+            light = light + LightDrafts.of(more)
+        return light
 
     async def heavy_check(self, unsure, q, want_dist: bool | None = None, source: str = LIGHT,
                           relaxed: np.ndarray | None = None) -> int:

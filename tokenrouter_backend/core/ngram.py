@@ -5,8 +5,12 @@ JSON echoing the request — is predicted without any model: find the latest ear
 where the last n tokens (n from ``ngram_max`` down to ``ngram_min``) occurred in the prompt
 or the answer so far, and propose the tokens that followed it. verify checks these drafts
 with the heavy model exactly as it checks light drafts (lossless; a deterministic proposal
-is a one-hot q for speculative sampling); route sends them all to the heavy model (no light
-model vouched for them).
+is a one-hot q for speculative sampling); route, asked for ``ngram_drafts``, sends them all
+to the heavy model (no light model vouched for them). Route's own use is ``light_copies``
+(greedy): the light model reads a copy in one forward and its agreeing prefix, plus its own
+next token, are that block's light drafts — what its token-by-token drafting would have
+written, for one forward instead of one per token; the route gate then treats them as any
+light drafts.
 
 ``NgramDrafter`` keeps one request's adaptive draft length (grows on full acceptance,
 halves on a rejection) and backs off to the light model for a block after an n-gram draft
@@ -55,6 +59,7 @@ class NgramSettings:
     """One request's n-gram knobs (``RouterParams``)."""
 
     enabled: bool = True
+    light_copies: bool = False  # route, greedy: copies read by the light model in one forward
     heavy_steps: bool = True  # also in the cost model's heavy-only steps (copies replace heavy tokens)
     min_n: int = 3  # shortest suffix matched
     max_n: int = 5  # longest suffix matched (tried first)
@@ -81,11 +86,13 @@ class NgramDrafter:
         self.prompt_len = prompt_len
         self.source = DraftSource.NGRAM  # of the last proposal
 
-    def propose(self, tokens: Sequence[int], room: int, heavy_step: bool = False) -> list[int]:
+    def propose(self, tokens: Sequence[int], room: int, heavy_step: bool = False, light: bool = False) -> list[int]:
         """Drafts for the next block (at most ``room``), or [] to use the light model
-        (``heavy_step``: for a planned heavy-only step, where ``heavy_steps`` decides)."""
+        (``heavy_step``: for a planned heavy-only step, where ``heavy_steps`` decides;
+        ``light``: a copy for the light model to read, where ``light_copies`` decides)."""
         s = self.settings
-        if not (s.heavy_steps if heavy_step else s.enabled) or room < 1:
+        allowed = s.heavy_steps if heavy_step else s.light_copies if light else s.enabled
+        if not allowed or room < 1:
             return []
         if self.prior:
             drafts = follow(self.prior, tokens[self.prompt_len:], min(s.max_draft, room))
@@ -100,7 +107,7 @@ class NgramDrafter:
         return lookup(tokens, s.min_n, s.max_n, min(self.length, room))
 
     def update(self, drafted: int, accepted: int) -> None:
-        """Adapt after the heavy check of ``drafted`` n-gram tokens."""
+        """Adapt after the check (heavy, or the light model's reading) of ``drafted`` n-gram tokens."""
         if self.source == DraftSource.ANSWER:
             return
         if accepted >= drafted:

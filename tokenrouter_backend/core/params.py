@@ -57,6 +57,7 @@ class RouterDefaults:
     ngram_min: int = 3  # shortest suffix an n-gram draft matches
     ngram_max: int = 5  # longest suffix an n-gram draft matches (tried first)
     ngram_max_draft: int = 16  # most n-gram tokens one heavy check carries
+    light_copies: bool = True  # route, greedy: n-gram copies read by the light model in one forward
     light_kv_window: int = 512  # verify: light branch keeps its sink + this many recent positions; 0 = all
     answer_cache_entries: int = 256  # decision cache: earlier answers kept (by prompt) as drafts; 0 = off
 
@@ -136,7 +137,7 @@ class RouterParams:
             prefill_chunk_tokens=_int_in("prefill_chunk_tokens", d.prefill_chunk_tokens, 1, 1 << 20),
             heavy_first=d.heavy_first,
             allow_degradation=_bool("allow_degradation", pick("allow_degradation", False)),
-            ngram=_ngram_settings(d, mode, given.get("ngram_drafts")),
+            ngram=_ngram_settings(d, mode, given.get("ngram_drafts"), given.get("light_copies")),
             light_kv_window=_light_window(d, mode, given.get("light_kv_window")),
             answer_cache=_bool("answer_cache", pick("answer_cache", True)),
             margin_threshold=_float_in("margin_threshold", d.margin_threshold, 0.0, 1.0),
@@ -158,19 +159,22 @@ def _light_window(d: RouterDefaults, mode: Mode, asked: Any) -> int:
     return window if mode == Mode.VERIFY else 0
 
 
-def _ngram_settings(d: RouterDefaults, mode: Mode, asked: Any) -> NgramSettings:
+def _ngram_settings(d: RouterDefaults, mode: Mode, asked: Any, light_asked: Any = None) -> NgramSettings:
     """As asked, else the config default in verify mode only: there the drafts cannot change
     a greedy answer; a route request asks for them (they replace light tokens by heavy-checked
     copies, so route's light-share limits would no longer hold by default). In the cost
     model's heavy-only steps they replace heavy tokens: there the config default holds in
-    both modes."""
+    both modes. Route's light copies (``light_copies``: the light model reads the copy, the
+    route gate decides as for any light draft) follow the config default unless asked."""
     enabled = asked if asked is not None else d.ngram_drafts and mode == Mode.VERIFY
     # in the cost model's heavy-only steps a copy replaces a heavy token, never a light one
     heavy_steps = asked if asked is not None else d.ngram_drafts
     low = _int_in("ngram_min", d.ngram_min, 1, 64)
     high = _int_in("ngram_max", d.ngram_max, low, 64)
     longest = _int_in("ngram_max_draft", d.ngram_max_draft, 1, 256)
+    light = _bool("light_copies", d.light_copies if light_asked is None else light_asked)
     return NgramSettings(enabled=_bool("ngram_drafts", enabled), heavy_steps=_bool("ngram_drafts", heavy_steps),
+                         light_copies=light and mode == Mode.ROUTE,
                          min_n=low, max_n=high, max_draft=longest, first_draft=min(8, longest))
 
 

@@ -47,6 +47,9 @@ class RequestStats:
     ngram_blocks: int = 0  # blocks whose drafts were n-gram copies (no light forward)
     ngram_drafts_proposed: int = 0  # n-gram drafts checked by the heavy model
     ngram_drafts_accepted: int = 0  # of those, how many stood
+    light_copy_blocks: int = 0  # route blocks whose light drafts began as an n-gram copy the light model read
+    light_copy_drafts_proposed: int = 0  # copied tokens the light model read
+    light_copy_drafts_accepted: int = 0  # of those, how many were its own greedy choice (drafts without a forward each)
     answer_cache_hit: bool = False  # the decision cache held an earlier answer to this prompt
     answer_drafts_proposed: int = 0  # drafts taken from that answer, checked by the heavy model
     answer_drafts_accepted: int = 0  # of those, how many stood

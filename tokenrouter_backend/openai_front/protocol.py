@@ -43,6 +43,7 @@ class RouterKnobs(BaseModel):
     dynamic_threshold_quantile: Optional[float] = None
     allow_degradation: Optional[bool] = None
     ngram_drafts: Optional[bool] = None
+    light_copies: Optional[bool] = None
     light_kv_window: Optional[int] = None
     answer_cache: Optional[bool] = None
     learned_router: Optional[bool] = None

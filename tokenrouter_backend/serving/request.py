@@ -33,6 +33,7 @@ OPTIONAL_INPUTS = {
     "draft_confidence_threshold": "draft_confidence_threshold",
     "allow_degradation": "allow_degradation",
     "ngram_drafts": "ngram_drafts",
+    "light_copies": "light_copies",
     "light_kv_window": "light_kv_window",
     "answer_cache": "answer_cache",
     "router_threshold": "router_threshold",
