@@ -25,6 +25,8 @@ COUNTERS = {  # metric (summed over labels) -> routing_stats field
     "tokenrouter_router_drafts_proposed_total": "drafts_proposed",
     "tokenrouter_router_rollbacks_total": "rollbacks",
     "tokenrouter_router_prompt_tokens_total": "prompt_tokens",
+    "tokenrouter_router_light_copy_drafts_proposed_total": "light_copy_drafts_proposed",
+    "tokenrouter_router_light_copy_drafts_accepted_total": "light_copy_drafts_accepted",
 }
 
 

@@ -49,6 +49,10 @@ SPECS = (
     MetricSpec("tokenrouter_router_ngram_drafts_proposed_total", "n-gram drafts (copied from earlier text) "
                "checked by the heavy model", COUNTER, MODE_ARM),
     MetricSpec("tokenrouter_router_ngram_drafts_accepted_total", "n-gram drafts that stood", COUNTER, MODE_ARM),
+    MetricSpec("tokenrouter_router_light_copy_drafts_proposed_total", "Copied tokens route's light model read in "
+               "one forward instead of drafting them (light_copies)", COUNTER, MODE_ARM),
+    MetricSpec("tokenrouter_router_light_copy_drafts_accepted_total", "Of those, tokens equal to the light "
+               "model's own greedy choice (drafts without a forward each)", COUNTER, MODE_ARM),
     MetricSpec("tokenrouter_router_answer_cache_hits_total", "Requests whose prompt the decision cache had "
                "answered before (hit rate: / requests_total)", COUNTER, MODE_ARM),
     MetricSpec("tokenrouter_router_answer_drafts_accepted_total", "Drafts from the decision cache's earlier "
@@ -133,6 +137,8 @@ def request_updates(stats: RequestStats, arm: str) -> list[Update]:
         ("tokenrouter_router_generated_tokens_total", {**base, "branch": NGRAM}, stats.ngram_tokens),
         ("tokenrouter_router_ngram_drafts_proposed_total", base, stats.ngram_drafts_proposed),
         ("tokenrouter_router_ngram_drafts_accepted_total", base, stats.ngram_drafts_accepted),
+        ("tokenrouter_router_light_copy_drafts_proposed_total", base, stats.light_copy_drafts_proposed),
+        ("tokenrouter_router_light_copy_drafts_accepted_total", base, stats.light_copy_drafts_accepted),
         ("tokenrouter_router_answer_cache_hits_total", base, int(stats.answer_cache_hit)),
         ("tokenrouter_router_answer_drafts_accepted_total", base, stats.answer_drafts_accepted),
         ("tokenrouter_router_reused_prompt_tokens_total", {**base, "branch": HEAVY}, stats.heavy_reused_tokens),
