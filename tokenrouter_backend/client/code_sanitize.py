@@ -50,13 +50,12 @@ def sanitize(code: str, entry_point: str | None = None) -> str:
         name = _defined_name(node)
         if name is not None and name not in definitions:
             definitions[name] = node
-    keep = set(definitions)
     if entry_point is not None:
-        keep = _reachable(entry_point, {name: _names_used(node) for name, node in definitions.items()})
-    chosen = imports + [node for name, node in definitions.items() if name in keep]
-    chosen.sort(key=lambda node: (not isinstance(node, (ast.Import, ast.ImportFrom)), node.lineno))
-    out = "\n".join(_source(lines, node) for node in chosen).strip()
-    return out if any(not isinstance(n, (ast.Import, ast.ImportFrom)) for n in chosen) else span
+        reached = _reachable(entry_point, {name: _names_used(node) for name, node in definitions.items()})
+        definitions = {name: node for name, node in definitions.items() if name in reached}
+    if not definitions:
+        return span
+    return "\n".join(_source(lines, node) for node in imports + list(definitions.values())).strip()
 
 
 def _parses(source: str) -> bool:
