@@ -28,7 +28,9 @@ and the held-out log loss. Report: ``OUT/report.txt``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +55,21 @@ def tokenizer_of(repo: Path):
     return AutoTokenizer.from_pretrained(repo / "router" / "1" / "tokenizer")
 
 
+def stop_token_ids(repo: Path) -> list[int]:
+    """The document-end ids besides eos the exporter wrote (preprocessing ``stop_token_ids``)."""
+    text = (repo / "preprocessing" / "config.pbtxt").read_text(encoding="utf-8")
+    m = re.search(r'key: "stop_token_ids" value: \{ string_value: "([^"]*)"', text)
+    return [int(t) for t in (m.group(1) if m else "").split(",") if t.strip()]
+
+
 def run(repo: Path, tokenizer, prompts: list[TrainingPrompt], tokens: int, out: Path) -> None:
     from tokenrouter_backend.branches.local_pair import LocalPair
     from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
 
-    end_ids = [i for i in (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
-               if isinstance(i, int) and i >= 0]
     pair = LocalPair.of(OnnxCausalLM(repo / "light" / "1"), OnnxCausalLM(repo / "heavy" / "1"))
     tok_json = repo / "router" / "1" / "tokenizer" / "tokenizer.json"
-    records = collect_records(pair, tokenizer, vocab_classes(tok_json), end_ids, RouterBuildOptions(max_tokens=tokens),
-                              prompts)
+    records = collect_records(pair, tokenizer, vocab_classes(tok_json), stop_token_ids(repo),
+                              RouterBuildOptions(max_tokens=tokens), prompts)
     out.write_text("".join(record_to_json(r) + "\n" for r in records), encoding="utf-8")
 
 
@@ -136,9 +143,8 @@ def main() -> None:
                          f"mean light confidence {s.verdicts.confidence[m].mean():.3f}")
     lines += ["", "unchecked share at agreement >= A on the held-out workloads: router / confidence frontier",
               f"{'features, workload':<36}{'drafts':>6}{'log loss':>9}  " + "  ".join(f"{x:>11}" for x in AGREEMENTS)]
-    workload = np.asarray([r.request_id.split("/")[1] for r in ev_records if r.action == ACTION_VERIFY
-                           and len(r.heavy_agree) and len(r.token_class) >= len(r.heavy_agree)
-                           for _ in range(len(r.heavy_agree))])
+    workload_of = {zlib.crc32(r.request_id.encode()): r.request_id.split("/")[1] for r in ev_records}
+    workload = np.asarray([workload_of[k] for k in s_ev.requests])  # the sample's request key -> its workload
     for name, (x_tr, x_ev) in variants.items():
         p = scores(fit_logistic(x_tr, s_tr.disagree), x_ev)
         for w in (CODE, STRUCTURED, TEXT, None):
