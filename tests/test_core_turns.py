@@ -17,7 +17,7 @@ def _hold(path: str, seconds: float, held, done) -> None:
         assert got
         held.set()
         time.sleep(seconds)
-    done.set()
+        done.set()  # inside the turn: set before the lock is let go, so a waiter that gets it sees it
 
 
 def _holder(path, seconds):
