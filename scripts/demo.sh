@@ -22,8 +22,9 @@ echo "== fetch the demo pair"
 "$TR" models fetch-demo
 
 echo "== export it to a Triton model repository: $REPO"
-ROUTER=$("$PY" -c "from tokenrouter_backend.export.demo_pair import DEMO_ROUTER; print(DEMO_ROUTER)")
-"$TR" export --heavy "$HEAVY" --light "$LIGHT" --out "$REPO" --router "$ROUTER"
+read -r ROUTER ROUTER_THRESHOLD < <("$PY" -c \
+  "from tokenrouter_backend.export.demo_pair import DEMO_ROUTER as r, DEMO_ROUTER_THRESHOLD as t; print(r, t)")
+"$TR" export --heavy "$HEAVY" --light "$LIGHT" --out "$REPO" --router "$ROUTER" --router-threshold "$ROUTER_THRESHOLD"
 
 echo "== serve it"
 read -r HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT < <("$PY" -c \

@@ -31,6 +31,24 @@ def test_export_ships_the_router(tiny_pair, tmp_path):
     plain = tmp_path / "plain"
     export_pair(*tiny_pair, plain, ExportOptions(template=TEMPLATE, work_dir=paths.tiny_dir() / "onnx"))
     assert 'key: "router_file" value: { string_value: "" }' in (plain / "router" / "config.pbtxt").read_text()
+    assert 'key: "router_threshold" value: { string_value: "" }' in (out / "router" / "config.pbtxt").read_text()
+
+
+def test_export_sets_the_repository_bar_and_the_router_gate_reads_it(tiny_pair, tmp_path):
+    """--router-threshold writes the repository's P(disagree) bar; the router the server loads
+    from that config has it as its bar, not the file's own 0.2."""
+    import re
+
+    from tokenrouter_backend.operations.route_setup import load_router
+
+    out = tmp_path / "repository"
+    export_pair(*tiny_pair, out, ExportOptions(template=TEMPLATE, work_dir=paths.tiny_dir() / "onnx",
+                                               router=router(tmp_path), router_threshold=0.05))
+    config = (out / "router" / "config.pbtxt").read_text()
+    assert 'key: "router_threshold" value: { string_value: "0.05" }' in config
+    params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', config))
+    assert load_router(params, out / "router" / "1").threshold == pytest.approx(0.05)
+    assert load_router({**params, "router_threshold": ""}, out / "router" / "1").threshold == pytest.approx(0.2)
 
 
 def test_a_bad_router_file_is_refused_before_exporting(tiny_pair, tmp_path):
@@ -77,7 +95,10 @@ def test_export_trains_a_router_for_its_pair(tiny_pair, tmp_path):
 def test_train_router_options_are_checked(tiny_pair, tmp_path):
     for options, match in ((dict(train_router=True, router_tokens=4), "--router-tokens must be in"),
                            (dict(train_router=True, router=router(tmp_path)), "do not also give --router"),
-                           (dict(train_router=True, template=None), "--train-router needs")):
+                           (dict(train_router=True, template=None), "--train-router needs"),
+                           (dict(router=router(tmp_path), router_threshold=1.5),
+                            r"--router-threshold must be in \[0, 1\]"),
+                           (dict(router_threshold=0.05), "--router-threshold needs a learned router")):
         with pytest.raises(ValueError, match=match):
             ExportOptions(**{"template": TEMPLATE, **options})
 

@@ -73,6 +73,7 @@ class ExportOptions:
     router: Path | None = None  # a learned router (train-router) shipped as router/1/router.json
     train_router: bool = False  # build a default router for this pair from generated verify logs
     router_tokens: int = router_build.RouterBuildOptions.max_tokens  # new tokens per training prompt
+    router_threshold: float | None = None  # the repository's P(disagree) bar; None: the router file's own
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -87,6 +88,11 @@ class ExportOptions:
                 raise ValueError("--train-router builds the router: do not also give --router")
             if self.runtime != "onnx" or self.template is None:
                 raise ValueError("--train-router needs --runtime onnx and a repository (not --onnx-only)")
+        if self.router_threshold is not None:
+            if not 0.0 <= self.router_threshold <= 1.0:
+                raise ValueError(f"--router-threshold must be in [0, 1]; got {self.router_threshold}")
+            if self.router is None and not self.train_router:
+                raise ValueError("--router-threshold needs a learned router (--router or --train-router)")
 
 
 @dataclass
@@ -341,6 +347,7 @@ def placeholder_values(heavy: BranchBuild, light: BranchBuild, tokenizer, work: 
         "stop_token_ids": ",".join(str(i) for i in stop_ids),
         "heavy_precision": heavy.precision, "light_precision": light.precision,
         "router_file": ROUTER_FILE if options.router or options.train_router else "",
+        "router_threshold": "" if options.router_threshold is None else repr(float(options.router_threshold)),
     }
 
 
@@ -433,6 +440,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prompts, trained as train-router does (minutes on a CPU; router/1/router_report.txt)")
     parser.add_argument("--router-tokens", type=int, default=router_build.RouterBuildOptions.max_tokens,
                         help="with --train-router: new tokens per training prompt, 8-512 (default: %(default)s)")
+    parser.add_argument("--router-threshold", type=float, default=None,
+                        help="the repository's P(disagree) bar for its learned router, in [0, 1] (config "
+                             "parameter router_threshold; default: the router file's own)")
     parser.add_argument("--template", type=Path, default=DEFAULT_TEMPLATE, help="model repository template")
     parser.add_argument("--onnx-only", action="store_true", help="build the ONNX branches only, no repository")
     parser.add_argument("--work-dir", type=Path, default=None,
@@ -450,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
             skip_validation=args.skip_validation, max_context=args.max_context,
             template=None if args.onnx_only else args.template, work_dir=args.work_dir, router=args.router,
             train_router=args.train_router, router_tokens=args.router_tokens,
+            router_threshold=args.router_threshold,
         )
         log = progress.ExportLog(args.log or progress.default_log_path())
         with progress.active(log):
