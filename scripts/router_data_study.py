@@ -20,9 +20,12 @@ Existing files are reused; ``--reuse DIR`` copies ``train.jsonl`` / ``eval.jsonl
 earlier study's folder (same exporter settings) instead of running them again. Each fit is
 replayed on the held-out workloads with the default class policy against the
 confidence-threshold frontier (thresholds every 0.005): the unchecked share each reaches at
-equal agreement, per workload and in all, and the held-out log loss. A one-hidden-layer
-MLP on the same features (numpy, Adam) tests whether a non-linear model pays. Report:
-``OUT/report.txt``.
+equal agreement, per workload and in all, and the held-out log loss. On all 140 prompts two
+more models test what the features miss: a one-hidden-layer MLP on the same features
+(numpy, Adam: does a non-linear model pay?) and the logistic regression with the next
+drafts' confidence in the same block (the gate decides a block after drafting it, so what
+the light model felt one token later is known: does its doubt after a draft tell that the
+draft was wrong?). Report: ``OUT/report.txt``.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import numpy as np
 from copy_feature_study import AGREEMENTS, frontier_cells, log_loss, run, scores, tokenizer_of
 
 from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
+from tokenrouter_backend.core.hooks import ACTION_VERIFY
 from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
 from tokenrouter_backend.export.router_prompts_more import more_training_prompts
 from tokenrouter_backend.operations.decision_log import read_log
@@ -74,6 +78,29 @@ def fit_mlp(x: np.ndarray, y: np.ndarray, seed: int = 0):
     return score
 
 
+def next_columns(records) -> np.ndarray:
+    """[samples, 3]: the next draft's confidence, the lowest confidence of the block's later
+    drafts (both NaN for a block's last draft) and "last draft" (0/1), in ``collect_samples``' order."""
+    rows = []
+    for r in records:
+        n = len(r.heavy_agree)
+        if r.action != ACTION_VERIFY or n == 0 or len(r.token_class) < n:
+            continue
+        for j in range(n):
+            later = list(r.confidence[j + 1:])
+            rows.append((later[0], min(later), 0.0) if later else (np.nan, np.nan, 1.0))
+    return np.asarray(rows, np.float64).reshape(-1, 3)
+
+
+def with_next(x: np.ndarray, nxt: np.ndarray, fill: np.ndarray) -> np.ndarray:
+    """x plus the next-draft columns (NaN -> the training mean) and their logits."""
+    a = nxt.copy()
+    for k in range(2):
+        a[np.isnan(a[:, k]), k] = fill[k]
+    c = np.clip(a[:, :2], 1e-4, 1 - 1e-4)
+    return np.hstack([x, a, np.log(c / (1 - c))])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("repo", type=Path)
@@ -107,21 +134,33 @@ def main() -> None:
              + "  ".join(f"{x:>11}" for x in AGREEMENTS)]
     for share in SHARES:
         keep = {f"export/{more[i].name}" for i in order[: round(share * len(more))]}
-        s_tr = collect_samples(base + [r for r in extra if r.request_id in keep])
+        tr_records = base + [r for r in extra if r.request_id in keep]
+        s_tr = collect_samples(tr_records)
         known = ~np.isnan(s_tr.x).any(axis=0) & (s_tr.x.std(axis=0) > 1e-9)
         label = f"20 + {len(keep)} prompts ({len(s_tr)} verdicts)"
         fit = fit_logistic(s_tr.x[:, known], s_tr.disagree)
-        models = {"logistic": lambda x, fit=fit: scores(fit, x)}
+        preds = {"logistic": scores(fit, s_ev.x[:, known])}
         if share == 1.0:
-            models["mlp"] = fit_mlp(s_tr.x[:, known], s_tr.disagree)
-        for model, scorer in models.items():
-            p = scorer(s_ev.x[:, known])
+            preds["mlp"] = fit_mlp(s_tr.x[:, known], s_tr.disagree)(s_ev.x[:, known])
+            n_tr, n_ev = next_columns(tr_records), next_columns(ev_records)
+            fill = np.nanmean(n_tr[:, :2], axis=0)
+            fit = fit_logistic(with_next(s_tr.x[:, known], n_tr, fill), s_tr.disagree)
+            preds["logistic+next"] = scores(fit, with_next(s_ev.x[:, known], n_ev, fill))
+        for model, p in preds.items():
             for w in (CODE, STRUCTURED, TEXT, None):
                 m = np.ones(len(p), bool) if w is None else workload == w
                 sub = s_ev.take(m)
                 lines.append(f"{label + ', ' + model + ', ' + (w or 'all'):<44}{int(m.sum()):>7}"
                              f"{log_loss(p[m], sub.disagree):>9.4f}  " + "  ".join(frontier_cells(p[m], sub)))
         lines.append("")
+    nxt = next_columns(tr_records)[:, 0]  # all 140 prompts (the last share)
+    lines.append("heavy disagrees with a training draft, by the next draft's confidence (140 prompts):")
+    for lo, hi in ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.01)):
+        m = (nxt >= lo) & (nxt < hi)
+        lines.append(f"  next in [{lo:.2f}, {min(hi, 1.0):.2f}]: {int(m.sum()):5d} drafts, "
+                     f"{s_tr.disagree[m].mean():.3f}")
+    last = np.isnan(nxt)
+    lines.append(f"  last draft of its block: {int(last.sum()):5d} drafts, {s_tr.disagree[last].mean():.3f}")
     text = "\n".join(lines) + "\n"
     (a.out / "report.txt").write_text(text, encoding="utf-8")
     sys.stdout.write(text)
