@@ -36,14 +36,19 @@ from pathlib import Path
 import numpy as np
 
 from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
-from tokenrouter_backend.core.hooks import ACTION_VERIFY
 from tokenrouter_backend.core.ngram import lookup
 from tokenrouter_backend.core.route_gate import ClassPolicy
 from tokenrouter_backend.export.router_build import RouterBuildOptions, collect_records, prompt_ids, vocab_classes
 from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
 from tokenrouter_backend.operations.decision_log import read_log, record_to_json
 from tokenrouter_backend.operations.replay import predict_mask
-from tokenrouter_backend.operations.router_training import FINE_GRID, collect_samples, fit_logistic, unchecked_at
+from tokenrouter_backend.operations.router_training import (
+    FINE_GRID,
+    collect_samples,
+    fit_logistic,
+    sampled_drafts,
+    unchecked_at,
+)
 
 AGREEMENTS = (1.0, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95)
 MIN_N, MAX_N = 3, 5  # the n-gram drafter's defaults
@@ -80,8 +85,8 @@ def copy_columns(records, prompts: dict[str, list[int]]) -> np.ndarray:
     for r in records:
         before = answers.get(r.request_id, [])
         answers[r.request_id] = before[: r.output_from] + list(r.output)
-        n = len(r.heavy_agree)
-        if r.action != ACTION_VERIFY or n == 0 or len(r.token_class) < n:
+        n = sampled_drafts(r)
+        if n == 0:
             continue
         seq = prompts[r.request_id] + before[: r.position]
         for j in range(n):

@@ -21,7 +21,7 @@ import numpy as np
 from tokenrouter_backend.export.router_build import prompt_ids
 from tokenrouter_backend.export.router_prompts import training_prompts
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic
+from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic, sampled_drafts
 
 FOLDS = 5
 PCA_DIMS = (4, 8, 16, 32)
@@ -49,8 +49,8 @@ def hidden_rows(records, light_model: Path, sequences, prompt_lens) -> np.ndarra
                   for rid, seq in sequences.items()}
     rows = []
     for r in records:
-        n = len(r.heavy_agree)
-        if r.action != "verify" or n == 0 or len(r.token_class) < n:
+        n = sampled_drafts(r)
+        if n == 0:
             continue
         base = prompt_lens[r.request_id] + r.position
         rows += [hidden[r.request_id][base + j - 1] for j in range(n)]

@@ -39,11 +39,10 @@ import numpy as np
 from copy_feature_study import AGREEMENTS, frontier_cells, log_loss, run, scores, tokenizer_of
 
 from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
-from tokenrouter_backend.core.hooks import ACTION_VERIFY
 from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
 from tokenrouter_backend.export.router_prompts_more import more_training_prompts
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic
+from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic, sampled_drafts
 
 SHARES = (0.0, 0.25, 0.5, 1.0)  # share of the 120 more prompts added to the exporter's 20
 MLP_HIDDEN, MLP_EPOCHS, MLP_L2 = 16, 400, 1e-3
@@ -83,8 +82,8 @@ def next_columns(records) -> np.ndarray:
     drafts (both NaN for a block's last draft) and "last draft" (0/1), in ``collect_samples``' order."""
     rows = []
     for r in records:
-        n = len(r.heavy_agree)
-        if r.action != ACTION_VERIFY or n == 0 or len(r.token_class) < n:
+        n = sampled_drafts(r)
+        if n == 0:
             continue
         for j in range(n):
             later = list(r.confidence[j + 1:])
@@ -153,7 +152,7 @@ def main() -> None:
                 lines.append(f"{label + ', ' + model + ', ' + (w or 'all'):<44}{int(m.sum()):>7}"
                              f"{log_loss(p[m], sub.disagree):>9.4f}  " + "  ".join(frontier_cells(p[m], sub)))
         lines.append("")
-    nxt = next_columns(tr_records)[:, 0]  # all 140 prompts (the last share)
+    nxt = n_tr[:, 0]  # all 140 prompts (the last share, SHARES[-1] == 1.0)
     lines.append("heavy disagrees with a training draft, by the next draft's confidence (140 prompts):")
     for lo, hi in ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.01)):
         m = (nxt >= lo) & (nxt < hi)

@@ -56,13 +56,21 @@ class Samples:
                        self.classes[mask], self.requests[mask])
 
 
+def sampled_drafts(r: BlockRecord) -> int:
+    """How many of ``r``'s drafts are training samples: those with a heavy verdict, in a verify
+    block that carries the router features (0 = none). Per-draft columns built beside
+    ``collect_samples`` follow the same rule, so they line up with its rows."""
+    n = len(r.heavy_agree)
+    return n if r.action == ACTION_VERIFY and len(r.token_class) >= n else 0
+
+
 def collect_samples(records: Iterable[BlockRecord], texts: Sequence[str] | None = None) -> Samples:
     """Samples from verify blocks that carry the router features (token_class per draft);
     ``texts`` (each token id's text): outcome labels, else token labels."""
     rows, agree, conf, ent, prob, cls, req, positive = [], [], [], [], [], [], [], []
     for r in records:
-        n = len(r.heavy_agree)
-        if r.action != ACTION_VERIFY or n == 0 or len(r.token_class) < n:
+        n = sampled_drafts(r)
+        if n == 0:
             continue
         positions = r.position + np.arange(n)
         margin = r.margin[:n] if len(r.margin) >= n else None
