@@ -71,6 +71,33 @@ def test_verify_equals_heavy_token_for_token(server, tokenizer):
     assert accepted > 0, "the tiny light model never agreed with the heavy one: verify was not exercised"
 
 
+def test_route_answer_is_the_same_for_every_block_size_under_other_traffic(server, tokenizer):
+    """Route decides each position by the same per-token rule however its drafts are cut into
+    blocks (tests/test_route_partition.py): block sizes 1..7, run four at a time beside heavy
+    and verify requests, give one answer per prompt while their heavy checks differ."""
+    knobs = dict(router_mode="route", max_tokens=32, block_schedule="fixed", confidence_threshold=0.05,
+                 draft_confidence_threshold=0.0, rollback_threshold=0.05, answer_cache=False)
+    jobs = []
+    with cf.ThreadPoolExecutor(4) as pool:
+        for prompt in PROMPTS[:8]:
+            p = ids(tokenizer, prompt)
+            for k in (1, 2, 4, 7):
+                jobs.append((prompt, pool.submit(router_tokens, server.grpc_url, p, block_size=k, **knobs)))
+                other = "heavy" if k % 2 else "verify"  # unrelated traffic between them
+                pool.submit(router_tokens, server.grpc_url, p[::-1], router_mode=other, max_tokens=16)
+    answers: dict[str, list] = {}
+    for prompt, fut in jobs:
+        answers.setdefault(prompt, []).append(fut.result())
+    light = heavy = 0
+    for prompt, runs in answers.items():
+        texts = [tokens for tokens, _ in runs]
+        assert all(t == texts[0] for t in texts), f"route's answer to {prompt!r} depends on the block size"
+        assert len({s["heavy_calls"] for _, s in runs}) > 1 or len({s["light_calls"] for _, s in runs}) > 1
+        light += runs[0][1]["light_tokens"]
+        heavy += runs[0][1]["heavy_tokens"]
+    assert light > 0 and heavy > 0, "the answers should mix light tokens and heavy ones"
+
+
 def test_route_limits_equal_light_and_verify(server, tokenizer):
     for prompt in PROMPTS[:6]:
         p = ids(tokenizer, prompt)

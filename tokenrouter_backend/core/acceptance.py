@@ -20,7 +20,12 @@ Route check (``accept_route``): a heavy check over a block's drafts from its fir
 one judges each draft by the gate's own verdict on it: one the gate let stand is held to the
 rollback rule (it stands unless strongly rejected), any other is verified as in verify mode.
 A confident draft after an unsure one is thus held to the same rule as a confident draft
-before it.
+before it. The position right after a verified draft is the heavy model's own (its bonus
+token: a block that ended at the verified draft would commit it there), and a check whose
+last draft was not a verified one commits no token of its own: the light model drafts that
+position next, as it would have had the block ended there. So every position is decided
+by the same per-token rule however the drafts are cut into blocks, and route's text does
+not depend on block size, schedule or load (``tests/test_route_partition.py``).
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ class Verdict:
     """Outcome of verifying a block of drafts."""
 
     accepted: int  # how many leading drafts stand
-    next_token: int  # correction (first rejection) or bonus (all stood)
+    next_token: int | None  # correction (first rejection) or bonus (all stood); None: none (a route check)
     bonus: bool = False  # every draft stood; next_token is the free extra token
 
 
@@ -98,20 +103,35 @@ def accept_route(
     must be ``heavy_choices`` [d + 1] (the heavy model's choice before each draft and after
     the last), sampling it stands with probability min(1, p(x)/q(x)) and a rejection draws
     from the residual, as ``accept_speculative`` (``q`` [d, V], ``p`` [d + 1, V]).
+    The position after a verified draft holds the heavy model's own token (its choice, or
+    sampling its draw from ``p``): the draft there stands only if it is that token. The
+    verdict's ``next_token`` is the correction at a rejection, the heavy model's token after
+    a last draft that was verified, else None (nothing of the heavy model's own follows).
     ``heavy_probs`` [d]: the heavy model's probability of each draft.
     """
     d = len(drafts)
     assert len(heavy_choices) == d + 1 and len(heavy_probs) == d and len(relaxed) == d
+    after_verified = False
     for i, x in enumerate(drafts):
         x, choice = int(x), int(heavy_choices[i])
-        if relaxed[i]:
+        if after_verified:  # the heavy model's own position
+            own = choice if q is None else _bonus_draw(p[i], seed, first_position + i)
+            if x != own:
+                return Verdict(i, own)
+            after_verified = False
+        elif relaxed[i]:
             if x != choice and (float(heavy_probs[i]) < threshold or choice in end_tokens):
                 return Verdict(i, choice)
         elif q is None:
             if x != choice:
                 return Verdict(i, choice)
+            after_verified = True
         elif (correction := _speculative_rejection(x, q[i], p[i], seed, first_position + i)) is not None:
             return Verdict(i, correction)
+        else:
+            after_verified = True
+    if not after_verified:
+        return Verdict(d, None)
     if q is None:
         return Verdict(d, int(heavy_choices[d]), bonus=True)
     return Verdict(d, _bonus_draw(p[d], seed, first_position + d), bonus=True)

@@ -317,7 +317,7 @@ class BlockLoop:
             note_route_verdicts(self._note, hres, first_input, len(self.tokens))
         accepted = 0
         if not self._rollback(list(self.tokens), hres, first_input):
-            if relaxed is not None and np.any(relaxed):
+            if relaxed is not None:
                 verdict = accept_route(
                     unsure, relaxed, hres.tokens[-(m + 1) :], hres.input_probs[len(hres.input_probs) - m :],
                     self.params.rollback_threshold, self.request.end_tokens, q=q if want_dist else None,
@@ -334,7 +334,10 @@ class BlockLoop:
             checked = Kind.LIGHT_VERIFIED if source == LIGHT else Kind.COPIED
             for run, stood in _runs(unsure[:accepted], relaxed):
                 self.commit(run, source, Kind.LIGHT_UNCHECKED if stood else checked)
-            self.commit([verdict.next_token], HEAVY)
+            if verdict.next_token is not None:
+                self.commit([verdict.next_token], HEAVY)
+            else:  # the light model drafts the next position: the next check must score it
+                self.heavy.resend_from(len(self.tokens) - 1)
         self.verified_len = len(self.tokens)
         self.unvouched_tail = ()  # whatever ended the answer here, the heavy model saw it
         return accepted

@@ -73,6 +73,10 @@ class BranchView:
             i += 1
         return i
 
+    def resend_from(self, length: int) -> None:
+        """The next step sends the tokens from ``length`` on again (and can score their positions)."""
+        del self.cache[length:]
+
     async def step(self, tokens: list[int], extra=(), score_from: int | None = None, **op_fields) -> Step:
         """Send tokens[keep:] + extra; score sequence positions from ``score_from`` on (None:
         only the last one, which chooses the next token)."""

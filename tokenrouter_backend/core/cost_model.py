@@ -45,8 +45,10 @@ Route commits the light model's confident drafts unchecked, so its blocks are pl
 their own terms. With s the chance that a draft stands unchecked given the ones before it
 did (server-wide route verdicts, prior ``route_prior_stand``), a block of k drafts keeps a
 confident prefix J (P(J >= j) = s^j); when J < k, one heavy check scores the k - J drafts
-from the first unsure one at acceptance a (an unsure draft is verified, a confident one after
-it stands unless strongly rejected, ``acceptance.accept_route``; a is the acceptance of all
+from the first unsure one at acceptance a (an unsure draft is verified, the draft after it
+must be the heavy model's own token, a confident one after that stands unless strongly
+rejected, ``acceptance.accept_route``; E counts a heavy token after every check, which a
+check that ends on a confident draft does not commit; a is the acceptance of all
 drafts, which the confident ones lift: measured on HumanEval, planning on the lower pass rate
 of the checks alone gave shorter blocks, more heavy forwards and a slower route). Every token
 still passes through the heavy model once (a check ingests the unchecked tokens before it),

@@ -7,6 +7,12 @@ entropy, the top-1 minus top-2 probability (``margin``), the token's critical cl
 running acceptance (``RouteContext.acceptance``: the share of heavy-checked drafts the
 heavy model agreed with so far).
 
+``tokenrouter train-router`` leaves the running acceptance out (``REQUEST_STATE_FEATURES``):
+its value at a draft depends on where the request's heavy checks fell, i.e. on how the
+drafts were cut into blocks, and route's text must not (``acceptance.accept_route``); on
+the demo pair it carried nothing the light confidence does not (docs/route_quality.md).
+A file trained with it still loads and runs.
+
 A router file lists the features it was trained on by name; the router picks those
 columns of ``feature_matrix`` (so a file trained before ``margin`` existed still runs). A
 feature value that is unknown at decision time (NaN: a light branch that does not report
@@ -37,6 +43,7 @@ FORMAT = "tokenrouter-router"
 VERSION = 1
 NUMERIC_FEATURES = ("confidence", "confidence_logit", "entropy", "log_position", "acceptance", "margin")
 FEATURES = NUMERIC_FEATURES + tuple(f"class_{name}" for name in CLASS_NAMES)
+REQUEST_STATE_FEATURES = ("acceptance",)  # not trained on: they depend on where the heavy checks fell
 _EPS = 1e-4
 
 

@@ -3,7 +3,9 @@
 Samples: every light draft of a greedy verify block with a heavy verdict at the same
 prefix (up to and including the first rejection); label 1 = the heavy model would choose
 another token. Features as ``core/learned_router.feature_matrix`` (from the logged
-confidence, entropy, margin, token_class, position and running acceptance). When some
+confidence, entropy, margin, token_class and position; the logged running acceptance is
+left out, ``REQUEST_STATE_FEATURES``: route's text must not depend on where its heavy
+checks fell). When some
 training drafts carry no margin (logs written before it was logged, or a light branch that
 does not report it) the router is trained without that feature and the report says so.
 Requests are split into train and held-out sets by a hash of their request id (no request
@@ -26,7 +28,13 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from tokenrouter_backend.core.hooks import ACTION_VERIFY, BlockRecord
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, feature_columns, feature_matrix
+from tokenrouter_backend.core.learned_router import (
+    FEATURES,
+    REQUEST_STATE_FEATURES,
+    LearnedRouter,
+    feature_columns,
+    feature_matrix,
+)
 from tokenrouter_backend.core.route_gate import ClassPolicy
 from tokenrouter_backend.operations.outcome_labels import outcome_disagree
 from tokenrouter_backend.operations.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
@@ -188,9 +196,10 @@ def precision_recall(predicted: np.ndarray, actual: np.ndarray) -> tuple[float, 
 
 
 def usable_features(s: Samples) -> tuple[tuple[str, ...], list[str]]:
-    """The features to train on (those every training draft has) and a note per feature left out."""
+    """The features to train on (those every training draft has, less the request-state
+    ones) and a note per feature left out for lack of data."""
     known = ~np.isnan(s.x).any(axis=0)
-    names = tuple(name for name, ok in zip(FEATURES, known) if ok)
+    names = tuple(name for name, ok in zip(FEATURES, known) if ok and name not in REQUEST_STATE_FEATURES)
     notes = [f"{np.isnan(s.x[:, i]).sum()} of {len(s)} training drafts lack '{name}' (older logs, or a light "
              f"branch that does not report it): trained without it"
              for i, (name, ok) in enumerate(zip(FEATURES, known)) if not ok]
