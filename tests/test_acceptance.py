@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.acceptance import accept_greedy, accept_route, accept_speculative
+from tokenrouter_backend.core.acceptance import accept_greedy, accept_route, accept_speculative, heavy_own_positions
 
 DRAFTS = np.array([5, 6, 7])
 CHOICES = np.array([5, 9, 7, 8])  # the heavy model prefers 9 where the light model drafted 6
@@ -26,6 +26,12 @@ def test_the_position_after_a_verified_draft_is_the_heavy_models():
     assert (v.accepted, v.next_token, v.bonus) == (1, 9, False)
     v = accept_route(DRAFTS, np.array([False, True, False]), np.array([5, 6, 7, 8]), np.full(3, 0.9), 0.05)
     assert (v.accepted, v.next_token, v.bonus) == (3, 8, True)  # the last draft was verified: its bonus follows
+
+
+def test_the_heavy_models_own_positions_follow_verified_drafts_only():
+    relaxed = np.array([False, True, True, False, False, False, True])
+    assert heavy_own_positions(relaxed).tolist() == [False, True, False, False, True, False, True]
+    assert not heavy_own_positions(np.ones(4, bool)).any()
 
 
 def test_an_unsure_draft_is_verified_as_in_verify_mode():

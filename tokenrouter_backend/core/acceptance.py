@@ -111,30 +111,37 @@ def accept_route(
     """
     d = len(drafts)
     assert len(heavy_choices) == d + 1 and len(heavy_probs) == d and len(relaxed) == d
-    after_verified = False
+    own_positions = heavy_own_positions(relaxed)
     for i, x in enumerate(drafts):
         x, choice = int(x), int(heavy_choices[i])
-        if after_verified:  # the heavy model's own position
+        if own_positions[i]:
             own = choice if q is None else _bonus_draw(p[i], seed, first_position + i)
             if x != own:
                 return Verdict(i, own)
-            after_verified = False
         elif relaxed[i]:
             if x != choice and (float(heavy_probs[i]) < threshold or choice in end_tokens):
                 return Verdict(i, choice)
         elif q is None:
             if x != choice:
                 return Verdict(i, choice)
-            after_verified = True
         elif (correction := _speculative_rejection(x, q[i], p[i], seed, first_position + i)) is not None:
             return Verdict(i, correction)
-        else:
-            after_verified = True
-    if not after_verified:
+    if not d or relaxed[-1] or own_positions[-1]:
         return Verdict(d, None)
     if q is None:
         return Verdict(d, int(heavy_choices[d]), bonus=True)
     return Verdict(d, _bonus_draw(p[d], seed, first_position + d), bonus=True)
+
+
+def heavy_own_positions(relaxed) -> np.ndarray:
+    """Per draft of a route check: it sits right after a verified draft, where the heavy
+    model's own token goes (bool [d]). ``relaxed``: the drafts the gate let stand."""
+    own = np.zeros(len(relaxed), bool)
+    after_verified = False
+    for i, stood in enumerate(relaxed):
+        own[i] = after_verified
+        after_verified = not after_verified and not stood
+    return own
 
 
 def _draw(dist: np.ndarray, rng: np.random.Generator) -> int:

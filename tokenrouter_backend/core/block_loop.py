@@ -44,6 +44,7 @@ from tokenrouter_backend.core.acceptance import (
     accept_route,
     accept_speculative,
     first_strong_rejection,
+    heavy_own_positions,
 )
 from tokenrouter_backend.core.answer_cache import AnswerCache
 from tokenrouter_backend.core.block_notes import BlockNote, BlockStart, block_record, note_route_verdicts
@@ -566,8 +567,10 @@ async def generate(
 
 def _runs(tokens, relaxed: np.ndarray | None):
     """(tokens, stood unchecked) runs of accepted drafts: a draft the gate let stand went in
-    under the rollback rule only, any other was verified."""
-    flags = [] if relaxed is None else [bool(f) for f in relaxed[: len(tokens)]]
+    under the rollback rule only, unless it sat where the heavy model's own token goes; any
+    other was verified."""
+    stood = None if relaxed is None else np.asarray(relaxed, bool) & ~heavy_own_positions(relaxed)
+    flags = [] if stood is None else [bool(f) for f in stood[: len(tokens)]]
     flags += [False] * (len(tokens) - len(flags))
     i = 0
     for stood, group in groupby(flags):
