@@ -4,8 +4,9 @@ Which light token stands unchecked, which one the heavy model verifies and where
 model's own token goes are decided per token (the route gate on the token's own features,
 the rollback rule, the token after a verified one is the heavy model's choice), so block
 size and schedule change the number of calls, never the answer. The block schedule moves
-with the server's measured costs and load, so this is what makes route's answer to a prompt
-the same under any traffic. Scripted toy models (``support.fakes``) make every forward exact.
+with the server's measured costs and load, so this is what keeps route's answer to a prompt
+from following them. Scripted toy models (``support.fakes``) make every forward exact; real
+forwards of other shapes can still round a near tie differently (docs/route_quality.md).
 """
 from __future__ import annotations
 

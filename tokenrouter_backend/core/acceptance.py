@@ -24,8 +24,9 @@ before it. The position right after a verified draft is the heavy model's own (i
 token: a block that ended at the verified draft would commit it there), and a check whose
 last draft was not a verified one commits no token of its own: the light model drafts that
 position next, as it would have had the block ended there. So every position is decided
-by the same per-token rule however the drafts are cut into blocks, and route's text does
-not depend on block size, schedule or load (``tests/test_route_partition.py``).
+by the same per-token rule however the drafts are cut into blocks: block size, schedule and
+load do not change route's text, up to how forwards of other shapes round a near tie
+(``tests/test_route_partition.py``, docs/route_quality.md).
 """
 from __future__ import annotations
 
