@@ -307,8 +307,10 @@ class BlockLoop:
 
         ``q``: the drafts' proposal distributions (speculative sampling); None with
         ``want_dist`` set means deterministic drafts (n-gram): a one-hot q. ``relaxed``: per
-        draft, the route gate let it stand (held to the rollback rule, ``accept_route``);
-        None or none set: every draft is verified."""
+        draft, the route gate let it stand: a route block's check, decided per position by
+        ``accept_route`` (a relaxed draft is held to the rollback rule, the draft after a
+        verified one must be the heavy model's own token); None: every draft is verified as
+        in verify mode (n-gram drafts, heavy-only steps)."""
         want_dist = q is not None if want_dist is None else want_dist
         step = await self.heavy.step(self.tokens, extra=unsure, score_from=self._unvouched_from(),
                                      sampling=self.sampling, return_dist=want_dist)

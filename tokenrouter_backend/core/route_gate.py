@@ -11,7 +11,8 @@ A cascade per drafted token, cheapest first:
    entropy <= entropy_threshold and margin >= margin_threshold (the plain confidence rule).
 
 The drafts that stand are the leading run that passes; a heavy check of the rest holds each
-later draft that passes to the rollback rule only (``acceptance.accept_route``).
+later draft that passes to the rollback rule only, except right after a verified draft, where
+the heavy model's own token goes (``acceptance.accept_route``).
 ``RouteGate`` is server-wide (built once from config.pbtxt ``critical_<class>`` and
 ``router_*`` parameters and the tokenizer's vocabulary); ``RouteContext`` is one request's
 running acceptance.
