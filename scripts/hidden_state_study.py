@@ -27,23 +27,32 @@ FOLDS = 5
 PCA_DIMS = (4, 8, 16, 32)
 
 
-def final_sequences(records, tokenizer) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Each training request's prompt + final answer (rebuilt from the records' outputs), and its prompt length."""
-    prompts = {f"export/{p.name}": prompt_ids(tokenizer, p) for p in training_prompts()}
+def final_sequences(records, tokenizer, prompts=None) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Each request's prompt + final answer (rebuilt from the records' outputs), and its prompt
+    length. ``prompts``: request id -> TrainingPrompt (default: the exporter's training prompts)."""
+    if prompts is None:
+        prompts = {f"export/{p.name}": p for p in training_prompts()}
     answers: dict[str, list[int]] = {}
     for r in records:
         answers[r.request_id] = answers.get(r.request_id, [])[: r.output_from] + list(r.output)
-    return {rid: prompts[rid] + ans for rid, ans in answers.items()}, {rid: len(prompts[rid]) for rid in answers}
+    ids = {rid: prompt_ids(tokenizer, prompts[rid]) for rid in answers}
+    return {rid: ids[rid] + ans for rid, ans in answers.items()}, {rid: len(ids[rid]) for rid in answers}
 
 
-def hidden_rows(records, light_model: Path, sequences, prompt_lens) -> np.ndarray:
-    """[verdicts, hidden]: in collect_samples' order, the state that predicted each verdict's draft."""
+def load_light_model(light_model: Path):
+    """The light model in FP32 transformers, from a .gguf file or an HF folder."""
     import torch
     from transformers import AutoModelForCausalLM
 
     gguf = {"gguf_file": light_model.name} if light_model.suffix == ".gguf" else {}
-    model = AutoModelForCausalLM.from_pretrained(light_model.parent if gguf else light_model,
-                                                 torch_dtype=torch.float32, **gguf).eval()
+    return AutoModelForCausalLM.from_pretrained(light_model.parent if gguf else light_model,
+                                                dtype=torch.float32, **gguf).eval()
+
+
+def hidden_rows(records, model, sequences, prompt_lens) -> np.ndarray:
+    """[verdicts, hidden]: in collect_samples' order, the state that predicted each verdict's draft."""
+    import torch
+
     with torch.no_grad():
         hidden = {rid: model(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0].numpy()
                   for rid, seq in sequences.items()}
@@ -90,7 +99,7 @@ def main(records_path: str, light_model: str, tokenizer_dir: str) -> None:
 
     records = list(read_log(Path(records_path)))
     sequences, prompt_lens = final_sequences(records, AutoTokenizer.from_pretrained(tokenizer_dir))
-    hidden = hidden_rows(records, Path(light_model), sequences, prompt_lens)
+    hidden = hidden_rows(records, load_light_model(Path(light_model)), sequences, prompt_lens)
     s = collect_samples(records)
     assert len(hidden) == len(s), (len(hidden), len(s))
     y, keys = s.disagree, np.unique(s.requests)

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 from copy_feature_study import AGREEMENTS, frontier_cells, log_loss, scores
+from hidden_state_study import final_sequences, hidden_rows, load_light_model
 
 from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
-from tokenrouter_backend.export.router_build import prompt_ids
 from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
 from tokenrouter_backend.export.router_prompts_more import more_training_prompts
 from tokenrouter_backend.operations.decision_log import read_log
@@ -76,32 +76,14 @@ def prompts_and_kinds() -> tuple[dict[str, TrainingPrompt], dict[str, str]]:
     return prompts, kinds
 
 
-def light_rows(records, light_model: Path, tokenizer, prompts) -> tuple[np.ndarray, np.ndarray]:
-    """([verdicts, hidden] final hidden state that predicted each draft, [verdicts, hidden] the
-    draft's input embedding), in ``collect_samples``' order."""
+def token_embeddings(records, model) -> np.ndarray:
+    """[verdicts, hidden]: the light model's input embedding of each draft, in ``collect_samples``' order."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    gguf = {"gguf_file": light_model.name} if light_model.suffix == ".gguf" else {}
-    model = AutoModelForCausalLM.from_pretrained(light_model.parent if gguf else light_model,
-                                                 dtype=torch.float32, **gguf).eval()
-    answers: dict[str, list[int]] = {}
-    for r in records:
-        answers[r.request_id] = answers.get(r.request_id, [])[: r.output_from] + list(r.output)
-    ids = {rid: prompt_ids(tokenizer, prompts[rid]) for rid in answers}
+    table = model.get_input_embeddings().weight
     with torch.no_grad():
-        hidden = {rid: model(torch.tensor([ids[rid] + ans]), output_hidden_states=True).hidden_states[-1][0].numpy()
-                  for rid, ans in answers.items()}
-        table = model.get_input_embeddings().weight
-        states, embeds = [], []
-        for r in records:
-            n = sampled_drafts(r)
-            if n == 0:
-                continue
-            base = len(ids[r.request_id]) + r.position
-            states += [hidden[r.request_id][base + j - 1] for j in range(n)]
-            embeds.append(table[torch.tensor(r.drafted[:n])].numpy())
-    return np.asarray(states, np.float64), np.concatenate(embeds).astype(np.float64)
+        rows = [table[torch.tensor(r.drafted[:n])].numpy() for r in records if (n := sampled_drafts(r))]
+    return np.concatenate(rows).astype(np.float64)
 
 
 def drafted_tokens(records) -> np.ndarray:
@@ -160,7 +142,10 @@ def main(light_model: str, tokenizer_dir: str, out: str) -> None:
     records = [r for path in RECORDS for r in read_log(path)]
     prompts, kinds = prompts_and_kinds()
     s = collect_samples(records)
-    states, embeds = light_rows(records, Path(light_model), AutoTokenizer.from_pretrained(tokenizer_dir), prompts)
+    model = load_light_model(Path(light_model))
+    sequences, prompt_lens = final_sequences(records, AutoTokenizer.from_pretrained(tokenizer_dir), prompts)
+    states = hidden_rows(records, model, sequences, prompt_lens).astype(np.float64)
+    embeds = token_embeddings(records, model)
     tokens = drafted_tokens(records)
     assert len(states) == len(embeds) == len(tokens) == len(s), (len(states), len(tokens), len(s))
     kind_of = {zlib.crc32(r.request_id.encode()): kinds[r.request_id] for r in records}
