@@ -88,11 +88,12 @@ def test_route_mixes_and_rolls_back():
             await loop.release()
 
         asyncio.run(drive(loop))
-        total_rollbacks += loop.stats.rollbacks
+        total_rollbacks += loop.state.stats.rollbacks
         # every token the heavy model vouched for is exactly heavy-greedy
         ref, _, _, _ = run(prompt, "heavy", max_tokens=40)
-        verified = loop.verified_len - loop.prompt_len
-        assert loop.tokens[loop.prompt_len : loop.prompt_len + verified] == ref[:verified]
+        t = loop.state.transcript
+        verified = t.verified_len - t.prompt_len
+        assert t.answer[:verified] == ref[:verified]
     assert total_rollbacks > 0
 
 

@@ -342,7 +342,7 @@ def test_route_blocks_are_planned_on_their_own_terms():
 
 
 def test_hooks_learn_the_route_stand_rate_from_route_blocks():
-    from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, BlockRecord
+    from tokenrouter_backend.core.hooks import Action, BlockRecord
     from tokenrouter_backend.core.names import Mode
 
     ops = _ops(cost_route_prior_stand=0.5)
@@ -350,14 +350,14 @@ def test_hooks_learn_the_route_stand_rate_from_route_blocks():
     info, params = _admission(prompt_len=40)
     params = dataclasses.replace(params, mode=Mode.ROUTE)
     hooks = ops.admit(info, params).hooks
-    for action, stood in ((ACTION_ACCEPT, 4), (ACTION_FALLBACK, 3)) * 10:  # 4 of 4 stand, then 3 of 4
+    for action, stood in ((Action.ACCEPT, 4), (Action.FALLBACK, 3)) * 10:  # 4 of 4 stand, then 3 of 4
         hooks.after_block(BlockRecord("r", 0, "route", action, 4, (1, 2, 3, 4), (0.9,) * 4, (0.1,) * 4, stood,
-                                      (), (), 0, int(action == ACTION_FALLBACK), 0.0, 0.0, 0.0, 0.0, stood))
+                                      (), (), 0, int(action == Action.FALLBACK), 0.0, 0.0, 0.0, 0.0, stood))
     assert ops.costs.route_stand > 0.8 and hooks.route_stand() > 0.8  # 70 stood, 10 unsure, prior 0.5 x 8
     plan = hooks.plan(params, 4)
     assert plan.mode == Mode.ROUTE and plan.block >= 2
     for _ in range(400):  # then nothing stands any more, and the heavy model rejects the unsure drafts
-        hooks.after_block(BlockRecord("r", 0, "route", ACTION_FALLBACK, 4, (1, 2, 3, 4), (0.3,) * 4,
+        hooks.after_block(BlockRecord("r", 0, "route", Action.FALLBACK, 4, (1, 2, 3, 4), (0.3,) * 4,
                                       (2.0,) * 4, 0, (False,), (0.1,), 0, 1, 0.0, 0.0, 0.0, 0.0, 1))
     assert hooks.route_stand() < 0.2 and hooks.acceptance() < 0.2
     assert hooks.plan(params, 4).mode == Mode.HEAVY

@@ -7,7 +7,7 @@ import time
 
 from support.fakes import make_pair
 from support.ops_helpers import PROMPTS, Recorder, run_one
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_HEAVY, ACTION_VERIFY
+from tokenrouter_backend.core.hooks import Action
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 
 
@@ -16,7 +16,7 @@ def test_verify_records_cover_every_token_and_agree_with_stats():
     out, stats = run_one(PROMPTS[0], *make_pair(), hooks=rec, router_mode="verify", max_tokens=40)
     assert sum(r.committed for r in rec.records) == len(out) == stats.generated_tokens
     assert [r.position for r in rec.records] == sorted(r.position for r in rec.records)
-    verify = [r for r in rec.records if r.action == ACTION_VERIFY]
+    verify = [r for r in rec.records if r.action == Action.VERIFY]
     assert verify and sum(r.committed_light for r in verify) == stats.drafts_accepted
     for r in verify:
         assert len(r.drafted) == len(r.confidence) == len(r.entropy)
@@ -32,11 +32,11 @@ def test_route_records_have_fallback_verdicts():
     out, stats = run_one(PROMPTS[1], *make_pair(noise=1.2), hooks=rec, router_mode="route",
                          confidence_threshold=0.6, max_tokens=40, stream=True)
     first, *rest = rec.records
-    assert first.action == ACTION_HEAVY and first.committed == 1  # heavy_first (streamed): the first token
+    assert first.action == Action.HEAVY and first.committed == 1  # heavy_first (streamed): the first token
     actions = {r.action for r in rest}
-    assert ACTION_FALLBACK in actions
-    assert actions <= {ACTION_ACCEPT, ACTION_FALLBACK}
-    fallbacks = [r for r in rec.records if r.action == ACTION_FALLBACK]
+    assert Action.FALLBACK in actions
+    assert actions <= {Action.ACCEPT, Action.FALLBACK}
+    fallbacks = [r for r in rec.records if r.action == Action.FALLBACK]
     assert any(r.heavy_agree for r in fallbacks)
     # the unsure token (after the committed prefix) is below the threshold
     for r in fallbacks:

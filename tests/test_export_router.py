@@ -112,7 +112,7 @@ def test_a_server_routes_with_the_router_its_export_trained(tiny_pair, tmp_path,
     from support.triton_repo import set_params
     from tokenrouter_backend.cli import main as cli_main
     from tokenrouter_backend.client import triton_client
-    from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK
+    from tokenrouter_backend.core.hooks import Action
     from tokenrouter_backend.core.learned_router import feature_matrix
     from tokenrouter_backend.operations.decision_log import read_log
 
@@ -134,7 +134,7 @@ def test_a_server_routes_with_the_router_its_export_trained(tiny_pair, tmp_path,
     while time.time() < deadline and len(list(read_log(log)) if log.exists() else []) < len(prompts):
         time.sleep(0.3)
     time.sleep(1.0)  # the writer flushes every 0.5 s
-    scored = [r for r in read_log(log) if r.action in (ACTION_ACCEPT, ACTION_FALLBACK)]
+    scored = [r for r in read_log(log) if r.action in (Action.ACCEPT, Action.FALLBACK)]
     assert scored
     for r in scored:
         features = feature_matrix(r.confidence, r.entropy, r.token_class, r.position + np.arange(len(r.drafted)),

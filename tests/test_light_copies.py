@@ -9,7 +9,8 @@ from test_ngram import copy_prompt
 
 from support.fakes import make_pair
 from tokenrouter_backend.core.branch_protocol import BranchResult
-from tokenrouter_backend.core.light_copies import LightDrafts, read_copy
+from tokenrouter_backend.core.drafts import Drafts
+from tokenrouter_backend.core.light_copies import read_copy
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 
 
@@ -23,21 +24,21 @@ def scored(tokens, probs, margin=True):
 def test_read_copy_keeps_the_agreeing_prefix_and_the_choice_after_it():
     # position j: the light model's choice after j copied tokens
     drafts, agreed = read_copy([5, 6, 7, 8], scored([5, 6, 9, 8, 1], [0.9] * 5), 0.4)
-    assert agreed == 2 and drafts.drafts.tolist() == [5, 6, 9]
-    assert drafts.draft_probs.tolist() == pytest.approx([0.9] * 3)
-    assert drafts.draft_margin.tolist() == pytest.approx([0.3] * 3)
+    assert agreed == 2 and drafts.tokens.tolist() == [5, 6, 9]
+    assert drafts.confidence.tolist() == pytest.approx([0.9] * 3)
+    assert drafts.margin.tolist() == pytest.approx([0.3] * 3)
     # the whole copy agreed: the choice after its last token is the last draft
     drafts, agreed = read_copy([5, 6], scored([5, 6, 4], [0.9] * 3), 0.4)
-    assert agreed == 2 and drafts.drafts.tolist() == [5, 6, 4]
+    assert agreed == 2 and drafts.tokens.tolist() == [5, 6, 4]
     # disagreeing at once: the light model's own next token, one draft
     drafts, agreed = read_copy([5, 6], scored([3, 6, 4], [0.9] * 3), 0.4)
-    assert agreed == 0 and drafts.drafts.tolist() == [3]
+    assert agreed == 0 and drafts.tokens.tolist() == [3]
 
 
 def test_read_copy_stops_after_an_unconfident_draft_as_drafting_does():
     drafts, agreed = read_copy([5, 6, 7], scored([5, 6, 7, 2], [0.9, 0.3, 0.9, 0.9]), 0.4)
-    assert agreed == 3 and drafts.drafts.tolist() == [5, 6]  # the draft below 0.4 is the last
-    assert read_copy([5], scored([5, 2], [0.9, 0.9], margin=False), 0.4)[0].draft_margin is None
+    assert agreed == 3 and drafts.tokens.tolist() == [5, 6]  # the draft below 0.4 is the last
+    assert read_copy([5], scored([5, 2], [0.9, 0.9], margin=False), 0.4)[0].margin is None
     with pytest.raises(ValueError, match="2 scored positions"):
         read_copy([5], scored([5, 2, 3], [0.9] * 3), 0.4)
 
@@ -46,8 +47,8 @@ def test_light_drafts_concatenate():
     a, _ = read_copy([5], scored([5, 2], [0.9, 0.8]), 0.4)
     b, _ = read_copy([1], scored([3, 4], [0.7, 0.6]), 0.4)
     both = a + b
-    assert len(both) == 3 and both.drafts.tolist() == [5, 2, 3] and len(both.draft_margin) == 3
-    assert (a + LightDrafts(b.drafts, b.draft_probs, b.draft_entropy, None)).draft_margin is None
+    assert len(both) == 3 and both.tokens.tolist() == [5, 2, 3] and len(both.margin) == 3
+    assert (a + Drafts(b.tokens, b.source, b.confidence, b.entropy, None)).margin is None
 
 
 def own_copy_prompt(mode: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from tokenrouter_backend.core.branch_protocol import (
     result_from_arrays,
     result_to_arrays,
 )
-from tokenrouter_backend.core.hooks import ACTION_VERIFY
+from tokenrouter_backend.core.hooks import Action
 from tokenrouter_backend.core.learned_router import FEATURES, REQUEST_STATE_FEATURES, LearnedRouter, feature_matrix
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, RouteGate
@@ -71,7 +71,7 @@ def verify_records(margin: bool = True, n: int = 12):
     for i, prompt in enumerate(PROMPTS[:n]):
         run_one(prompt, FakeBranch("light", light, margin=margin), FakeBranch("heavy", heavy), hooks=rec,
                 request_id=f"m{i}", router_mode="verify", max_tokens=40, route_gate=RouteGate())
-    return [r for r in rec.records if r.action == ACTION_VERIFY]
+    return [r for r in rec.records if r.action == Action.VERIFY]
 
 
 def test_verify_records_carry_the_light_margin_and_older_branches_none():

@@ -5,7 +5,8 @@ import numpy as np
 from test_block_loop import run
 
 from support.fakes import make_pair
-from tokenrouter_backend.core.ngram import NgramDrafter, NgramSettings, lookup, one_hot
+from tokenrouter_backend.core.acceptance import one_hot
+from tokenrouter_backend.core.ngram import NgramDrafter, NgramSettings, lookup
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 
 

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, models
 from support.fakes import VOCAB, FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, Recorder, run_one
 from tokenrouter_backend.cli import main as cli_main
-from tokenrouter_backend.core.hooks import ACTION_VERIFY, BlockRecord
+from tokenrouter_backend.core.hooks import Action, BlockRecord
 from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
 from tokenrouter_backend.operations import router_training as rt
@@ -48,7 +48,7 @@ def verify_run(n: int = 40):
         out, _ = run_one(prompt, FakeBranch("light", light), FakeBranch("heavy", heavy), hooks=rec,
                          request_id=f"o{i}", router_mode="verify", max_tokens=40, route_gate=RouteGate())
         answers[f"o{i}"] = (tuple(prompt), out)
-    return [r for r in rec.records if r.action == ACTION_VERIFY], answers
+    return [r for r in rec.records if r.action == Action.VERIFY], answers
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def run():
 def test_formatting_only_and_the_heavy_choice_from_the_log():
     assert formatting_only(" x", "x") and formatting_only("\n    ", " ") and formatting_only("a b", "ab")
     assert not formatting_only("x", "y") and not formatting_only(" x", "X")
-    r = BlockRecord("r", 5, "verify", ACTION_VERIFY, 3, (2, 4, 6), (0.9,) * 3, (0.1,) * 3, 1, (True, False),
+    r = BlockRecord("r", 5, "verify", Action.VERIFY, 3, (2, 4, 6), (0.9,) * 3, (0.1,) * 3, 1, (True, False),
                     (0.9, 0.1), 0, 1, 0.0, 0.0, 0.0, 0.0, 2, output_from=5, output=(2, 5))
     assert heavy_choice(r, 1) == 5 and heavy_choice(r, 2) is None
     assert outcome_disagree(r, 2, TEXTS).tolist() == [False, False]  # 4 = " w2", 5 = "w2": same outcome

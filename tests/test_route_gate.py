@@ -12,7 +12,7 @@ import pytest
 from support.fakes import VOCAB, FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, Recorder
 from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK
+from tokenrouter_backend.core.hooks import Action
 from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, RouterFileError, feature_matrix
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import DEFAULT_POLICY, ClassPolicy, RouteContext, RouteGate
@@ -71,7 +71,7 @@ def stood_classes(records) -> list[int]:
     """Classes of the drafts that were committed without a heavy check."""
     out = []
     for r in records:
-        if r.action in (ACTION_ACCEPT, ACTION_FALLBACK):
+        if r.action in (Action.ACCEPT, Action.FALLBACK):
             out += list(r.token_class[: r.committed_light])
     return out
 

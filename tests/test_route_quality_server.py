@@ -19,7 +19,7 @@ import pytest
 
 from tokenrouter_backend.cli import main as cli_main
 from tokenrouter_backend.client import triton_client
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY
+from tokenrouter_backend.core.hooks import Action
 from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.core.token_classes import TokenClass
 from tokenrouter_backend.operations.decision_log import read_log
@@ -76,7 +76,7 @@ def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository
     route_stats = run_all(url, "route", confidence_threshold=0.03, **LOW_BARS)
     records = wait_for_lines(log1, 2 * len(PROMPTS))
     server.stop()
-    route = [r for r in records if r.action in (ACTION_ACCEPT, ACTION_FALLBACK)]
+    route = [r for r in records if r.action in (Action.ACCEPT, Action.FALLBACK)]
     drafted = [c for r in route for c in r.token_class]
     stood = [c for r in route for c in r.token_class[: r.committed_light]]
     assert stood and TokenClass.LINE_START in drafted  # the test sees critical drafts at all
@@ -84,7 +84,7 @@ def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository
     assert not critical & set(stood)
     assert all(s["finish_reason"] in ("length", "end_id", "stop") for s in route_stats)
 
-    verify = [r for r in records if r.action == ACTION_VERIFY]
+    verify = [r for r in records if r.action == Action.VERIFY]
     assert verify and all(len(r.token_class) == len(r.drafted) for r in verify)
     # the light branch's margin crossed BLS: one per draft, within [0, top-1 probability]
     assert all(len(r.margin) == len(r.drafted) for r in verify)
@@ -112,7 +112,7 @@ def test_critical_tokens_and_a_router_trained_on_the_servers_own_logs(repository
     url = server.http_url.replace("http://", "")
     stats = run_all(url, "route", **LOW_BARS)
     records = wait_for_lines(log2, len(PROMPTS))
-    scored = [r for r in records if r.action in (ACTION_ACCEPT, ACTION_FALLBACK)]
+    scored = [r for r in records if r.action in (Action.ACCEPT, Action.FALLBACK)]
     assert scored and all(len(r.router_score) == len(r.drafted) for r in scored)
     for r in scored:  # what stood unchecked is what the router let through
         for cls, score in zip(r.token_class[: r.committed_light], r.router_score[: r.committed_light]):

@@ -8,7 +8,7 @@ import pytest
 
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, run_one
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, ACTION_VERIFY, BlockRecord
+from tokenrouter_backend.core.hooks import Action, BlockRecord
 from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, RouteGate, router_bar
@@ -29,7 +29,7 @@ LAX = ClassPolicy((1.0,) * len(TokenClass))
 
 def record(agree=(), scores=(), confidence=()) -> BlockRecord:
     n = max(len(agree), len(scores), len(confidence))
-    return BlockRecord("r", 0, "route", ACTION_VERIFY, n, tuple(range(n)), tuple(confidence) or (0.5,) * n,
+    return BlockRecord("r", 0, "route", Action.VERIFY, n, tuple(range(n)), tuple(confidence) or (0.5,) * n,
                        (0.1,) * n, 0, tuple(agree), (0.5,) * len(agree), 0, 1, 0.0, 0.0, 0.0, 0.0, n,
                        router_score=tuple(scores))
 
@@ -150,7 +150,7 @@ def route_unchecked(ops: Operations, gate: RouteGate, prompts) -> tuple[int, int
         keep = Keep(adm.hooks)
         run_one(prompt, FakeBranch("light", ToyLM(seed=2, noise=0.3, scale=4)), FakeBranch("heavy", ToyLM(scale=4)),
                 hooks=keep, router_mode="route", max_tokens=32, route_gate=gate)
-        blocks = [r for r in keep.seen if r.action in (ACTION_ACCEPT, ACTION_FALLBACK)]
+        blocks = [r for r in keep.seen if r.action in (Action.ACCEPT, Action.FALLBACK)]
         stood += sum(r.committed_light for r in blocks)
         scored += sum(len(r.router_score) for r in blocks)
     return stood, scored

@@ -16,6 +16,13 @@ below the rollback threshold) is replaced by the heavy choice and everything aft
 dropped. Ending is critical both ways: where the heavy model's own choice is to end (an
 end token) and the light model went on, that position is rejected whatever the threshold.
 
+One entry point, ``verify(drafts, heavy, sampling, first_position, rule)``, picks the rule
+for any proposer's drafts: route's per-draft rule when ``rule`` is given, else greedy
+verification when the heavy model returned no distributions, else speculative sampling
+(model-free drafts are a one-hot proposal). Words: a draft is *accepted* when it stands; the
+*correction* replaces the first rejected draft; the *bonus* follows a block that stood whole;
+``Verdict.next_token`` is whichever of the two the heavy model supplies.
+
 Route check (``accept_route``): a heavy check over a block's drafts from its first unsure
 one judges each draft by the gate's own verdict on it: one the gate let stand is held to the
 rollback rule (it stands unless strongly rejected), any other is verified as in verify mode.
@@ -34,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenrouter_backend.core.branch_protocol import BranchResult
+from tokenrouter_backend.core.drafts import Drafts
 from tokenrouter_backend.core.sampling import position_rng
 
 ACCEPT_STREAM = 1  # rng stream for acceptance draws (stream 0 = the branches' token draws)
@@ -46,6 +55,44 @@ class Verdict:
     accepted: int  # how many leading drafts stand
     next_token: int | None  # correction (first rejection) or bonus (all stood); None: none (a route check)
     bonus: bool = False  # every draft stood; next_token is the free extra token
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """Route's per-draft rule for a check (``accept_route``)."""
+
+    relaxed: np.ndarray  # bool [d]: the gate let the draft stand (held to the rollback rule only)
+    rollback_threshold: float
+    end_tokens: frozenset[int] = frozenset()
+
+
+def verify(drafts: Drafts, heavy: BranchResult, seed: int, first_position: int,
+           rule: RouteRule | None = None) -> Verdict:
+    """Which of ``drafts`` stand, and the heavy model's token after them.
+
+    ``heavy`` scored the position before each draft and the one after the last: its last
+    ``d + 1`` returned positions. With distributions (``return_dist``) the drafts are judged
+    by speculative sampling against their proposal ``drafts.q`` (one-hot when the proposer is
+    deterministic); without, greedily against the heavy model's own choices.
+    ``first_position``: the sequence position of drafts[0] (seeded draws are keyed by it)."""
+    d = len(drafts)
+    choices = heavy.tokens[-(d + 1):]
+    p = None if heavy.dist is None else heavy.dist[-(d + 1):]
+    if rule is not None:
+        return accept_route(drafts.tokens, rule.relaxed, choices, heavy.input_probs[len(heavy.input_probs) - d:],
+                            rule.rollback_threshold, rule.end_tokens, q=None if p is None else drafts.q, p=p,
+                            seed=seed, first_position=first_position)
+    if p is None:
+        return accept_greedy(drafts.tokens, choices)
+    q = drafts.q if drafts.q is not None else one_hot(drafts.tokens, p.shape[1])
+    return accept_speculative(drafts.tokens, q, p, seed, first_position)
+
+
+def one_hot(drafts, vocab: int) -> np.ndarray:
+    """The proposal distribution of deterministic drafts: q[i] puts all mass on drafts[i]."""
+    q = np.zeros((len(drafts), vocab), dtype=np.float32)
+    q[np.arange(len(drafts)), np.asarray(drafts, dtype=np.int64)] = 1.0
+    return q
 
 
 def accept_greedy(drafts: np.ndarray, heavy_choices: np.ndarray) -> Verdict:

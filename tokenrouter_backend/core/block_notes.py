@@ -5,15 +5,18 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from tokenrouter_backend.core.hooks import ACTION_HEAVY, ACTION_LIGHT, BlockRecord
+from tokenrouter_backend.core.hooks import Action, BlockRecord
 from tokenrouter_backend.core.names import Mode
+from tokenrouter_backend.core.route_gate import Decision
+from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.core.transcript import Transcript
 
 
 @dataclass
 class BlockNote:
     """What the mode functions learnt about the current block (only kept with hooks)."""
 
-    action: str = ""  # ACTION_*; "" = the mode's own (heavy / light block)
+    action: Action | None = None  # None: the mode's own (a heavy / light block)
     drafted: Sequence[int] = ()  # light drafts
     confidence: Sequence[float] = ()  # per drafted token
     entropy: Sequence[float] = ()  # per drafted token
@@ -22,7 +25,7 @@ class BlockNote:
     heavy_prob: Sequence[float] = ()  # heavy prob of those tokens
     ngram_drafted: int = 0  # n-gram drafts the heavy model checked in this block
     ngram_accepted: int = 0  # of those, how many stood
-    gate: object = None  # route_gate.Decision: the route gate's view of the drafts (classes, router scores)
+    gate: Decision | None = None  # route_gate.Decision: the route gate's view of the drafts (classes, router scores)
     acceptance: float = 0.0  # the request's running acceptance when the block began
 
 
@@ -40,19 +43,20 @@ class BlockStart:
     block: int  # block size planned for it
 
     @classmethod
-    def of(cls, loop) -> "BlockStart":
-        s = loop.stats
-        return cls(loop.generated, s.heavy_calls, s.heavy_ms, s.heavy_forward_ms, s.light_ms,
-                   s.rolled_back_tokens, time.perf_counter(), loop.block)
+    def of(cls, generated: int, s: RequestStats, block: int) -> "BlockStart":
+        return cls(generated, s.heavy_calls, s.heavy_ms, s.heavy_forward_ms, s.light_ms,
+                   s.rolled_back_tokens, time.perf_counter(), block)
 
 
-def block_record(loop, mode: Mode, before: BlockStart) -> BlockRecord:
-    """The ``BlockRecord`` of the block ``loop`` just ran (hooks)."""
-    n, s = loop._note, loop.stats
-    default_action = ACTION_HEAVY if mode in (Mode.HEAVY, Mode.VERIFY) else ACTION_LIGHT
+def block_record(request_id: str, note: BlockNote, stats: RequestStats, transcript: Transcript, mode: Mode,
+                 before: BlockStart) -> BlockRecord:
+    """The ``BlockRecord`` of the block just run (hooks)."""
+    n, s = note, stats
+    default_action = Action.HEAVY if mode in (Mode.HEAVY, Mode.VERIFY) else Action.LIGHT
+    output, kinds = transcript.output_since_low_water()
     agree = tuple(bool(a) for a in n.heavy_agree)
     return BlockRecord(
-        request_id=loop.request_id, position=before.generated, mode=str(mode), action=n.action or default_action,
+        request_id=request_id, position=before.generated, mode=str(mode), action=n.action or default_action,
         block_size=before.block, drafted=tuple(int(t) for t in n.drafted),
         confidence=tuple(round(float(x), 5) for x in n.confidence),
         entropy=tuple(round(float(x), 5) for x in n.entropy),
@@ -61,11 +65,10 @@ def block_record(loop, mode: Mode, before: BlockStart) -> BlockRecord:
         rolled_back=s.rolled_back_tokens - before.rolled_back_tokens,
         heavy_calls=s.heavy_calls - before.heavy_calls, heavy_ms=s.heavy_ms - before.heavy_ms,
         heavy_forward_ms=s.heavy_forward_ms - before.heavy_forward_ms, light_ms=s.light_ms - before.light_ms,
-        latency_ms=(time.perf_counter() - before.started) * 1e3, committed=loop.generated - before.generated,
+        latency_ms=(time.perf_counter() - before.started) * 1e3, committed=transcript.generated - before.generated,
         ngram_drafted=n.ngram_drafted, ngram_accepted=n.ngram_accepted,
         **(n.gate.record_fields() if n.gate is not None else {}), acceptance=round(float(n.acceptance), 5),
-        output_from=loop.low_water, output=tuple(loop.tokens[loop.prompt_len + loop.low_water :]),
-        output_kinds="".join(loop.kinds[loop.low_water :]))
+        output_from=transcript.low_water, output=output, output_kinds=kinds)
 
 
 def note_route_verdicts(note: BlockNote, hres, first_input: int, end: int) -> None:

@@ -12,20 +12,23 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tokenrouter_backend.core.cost_model import LightEstimate
-from tokenrouter_backend.core.names import Mode
+from tokenrouter_backend.core.names import Mode, NameEnum
 from tokenrouter_backend.core.params import RouterParams
 
-# BlockRecord.action values
-ACTION_LIGHT = "light"  # light generated the block itself (mode light)
-ACTION_HEAVY = "heavy"  # heavy generated the block itself (mode heavy, or drafting stopped)
-ACTION_VERIFY = "verify"  # light drafted, heavy checked every draft
-ACTION_ACCEPT = "accept"  # route: every draft confident, committed unchecked
-ACTION_FALLBACK = "fallback"  # route: confident prefix committed, heavy called at the first unsure token
-ACTION_NGRAM = "ngram"  # n-gram drafts (copied from earlier text) checked by heavy; no light forward
+
+class Action(NameEnum):
+    """What a block did (``BlockRecord.action``; logged as its value)."""
+
+    LIGHT = "light"  # light generated the block itself (mode light)
+    HEAVY = "heavy"  # heavy generated the block itself (mode heavy, or drafting stopped)
+    VERIFY = "verify"  # light drafted, heavy checked every draft
+    ACCEPT = "accept"  # route: every draft confident, committed unchecked
+    FALLBACK = "fallback"  # route: confident prefix committed, heavy called at the first unsure token
+    NGRAM = "ngram"  # n-gram drafts (copied from earlier text) checked by heavy; no light forward
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DraftVerdict:
     """One light token whose heavy verdict is known at the same prefix."""
 
     confidence: float  # light top-1 probability of the token
@@ -41,7 +44,7 @@ class BlockRecord:
     request_id: str
     position: int  # generated tokens before this block
     mode: str  # Mode value this block ran in (after any plan change); plain str, as logged
-    action: str  # ACTION_*
+    action: str  # an Action value (plain str as read back from a log)
     block_size: int  # k asked of the drafting branch
     drafted: tuple[int, ...]  # light drafts (empty for heavy/light blocks)
     confidence: tuple[float, ...]  # per drafted token
@@ -66,9 +69,9 @@ class BlockRecord:
     output: tuple[int, ...] = ()  # the answer's tokens from output_from on, after this block
     output_kinds: str = ""  # routing_trace.Kind of each of them
 
-    def verdicts(self) -> list[Verdict]:
+    def verdicts(self) -> list[DraftVerdict]:
         return [
-            Verdict(self.confidence[i], self.entropy[i], agree, self.heavy_prob[i])
+            DraftVerdict(self.confidence[i], self.entropy[i], agree, self.heavy_prob[i])
             for i, agree in enumerate(self.heavy_agree)
         ]
 

@@ -1,7 +1,7 @@
-"""Route's light drafts, and copies the light model reads instead of drafting them.
+"""Copies the light model reads instead of drafting them (route, greedy).
 
 A route block's light drafts are the tokens, top-1 probabilities, entropies and margins the
-route gate reads (``LightDrafts``). Usually one light step drafts them token by token, one
+route gate reads (``drafts.Drafts``). Usually one light step drafts them token by token, one
 forward each. When the text so far repeats earlier text (``ngram.lookup``: a docstring
 rewritten from the prompt, a name used again), the light model can instead read the copy in
 one forward, scoring every position: where its own greedy choice equals the copied token,
@@ -13,45 +13,15 @@ not the top-1 choice a copy can be compared with.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from tokenrouter_backend.core.branch_protocol import BranchResult
+from tokenrouter_backend.core.drafts import Drafts, DraftSource
 
 
-@dataclass(frozen=True)
-class LightDrafts:
-    """One block's light drafts with what the light model said of each."""
-
-    drafts: np.ndarray  # int32 [d]
-    draft_probs: np.ndarray  # float32 [d]: top-1 (or sampled token's) probability
-    draft_entropy: np.ndarray  # float32 [d]
-    draft_margin: np.ndarray | None  # float32 [d] top-1 minus top-2, None when the branch does not report it
-    dist: np.ndarray | None = None  # float32 [d, V] proposal distributions (sampling only)
-
-    @classmethod
-    def of(cls, step) -> "LightDrafts":
-        """The drafts of a drafting ``branch_view.Step``."""
-        dist = step.result.dist
-        return cls(step.drafts, step.draft_probs, step.draft_entropy, step.draft_margin,
-                   None if dist is None else dist[-len(step.drafts):])
-
-    def __len__(self) -> int:
-        return len(self.drafts)
-
-    def __add__(self, more: "LightDrafts") -> "LightDrafts":
-        """These drafts followed by ``more`` (drafted after them)."""
-        margin = None if self.draft_margin is None or more.draft_margin is None else \
-            np.concatenate([self.draft_margin, more.draft_margin])
-        dist = None if self.dist is None or more.dist is None else np.concatenate([self.dist, more.dist])
-        return LightDrafts(np.concatenate([self.drafts, more.drafts]),
-                           np.concatenate([self.draft_probs, more.draft_probs]),
-                           np.concatenate([self.draft_entropy, more.draft_entropy]), margin, dist)
-
-
-def read_copy(copy: Sequence[int], result: BranchResult, min_confidence: float) -> tuple[LightDrafts, int]:
+def read_copy(copy: Sequence[int], result: BranchResult, min_confidence: float) -> tuple[Drafts, int]:
     """The light drafts from the light model's greedy reading of ``copy``, and how many
     copied tokens it agreed with.
 
@@ -70,4 +40,4 @@ def read_copy(copy: Sequence[int], result: BranchResult, min_confidence: float) 
     if low.size:
         n = int(low[0]) + 1
     margin = result.margin[:n] if len(result.margin) == len(result.tokens) else None
-    return LightDrafts(choice[:n], result.token_probs[:n], result.entropy[:n], margin), agreed
+    return Drafts(choice[:n], DraftSource.COPY, result.token_probs[:n], result.entropy[:n], margin), agreed

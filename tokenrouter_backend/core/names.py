@@ -1,4 +1,4 @@
-"""The names the router compares: generation modes, block schedules, branch names.
+"""The names the router compares: generation modes, block schedules, token sources, branch names.
 
 ``Mode`` and ``Schedule`` are ``str``-valued enums: a member equals its string, hashes
 like it, and ``str()``/``format()``/JSON give the bare value ("verify", never
@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import Enum
 
 
-class _Name(str, Enum):
+class NameEnum(str, Enum):
     """A str-valued enum whose str() and format() are the value itself."""
 
     __str__ = str.__str__
@@ -20,7 +20,7 @@ class _Name(str, Enum):
         return tuple(m.value for m in cls)
 
 
-class Mode(_Name):
+class Mode(NameEnum):
     """How a request's blocks are produced (``router_mode``)."""
 
     HEAVY = "heavy"  # heavy generates every token
@@ -29,7 +29,7 @@ class Mode(_Name):
     ROUTE = "route"  # light commits what it is sure of, heavy checks the rest
 
 
-class Schedule(_Name):
+class Schedule(NameEnum):
     """Block-size schedule (``block_schedule``)."""
 
     FIXED = "fixed"  # every block drafts block_size
@@ -39,7 +39,16 @@ class Schedule(_Name):
 MODES = Mode.values()
 SCHEDULES = Schedule.values()
 
-# branch names: Branch.name, RequestStats token sources, the metrics' ``branch`` label
-HEAVY = "heavy"
-LIGHT = "light"
-NGRAM = "ngram"  # token source only: an n-gram draft the heavy model accepted (no branch of its own)
+
+
+class Source(NameEnum):
+    """Where a generated token came from (``RequestStats`` counts each)."""
+
+    HEAVY = "heavy"  # the heavy model's own token
+    LIGHT = "light"  # a light draft (unchecked, or verified by the heavy model)
+    NGRAM = "ngram"  # a model-free draft (n-gram copy, an earlier answer) the heavy model accepted
+
+
+# branch names: Branch.name and the metrics' ``branch`` label
+HEAVY = Source.HEAVY.value
+LIGHT = Source.LIGHT.value

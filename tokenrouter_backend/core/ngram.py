@@ -5,7 +5,7 @@ JSON echoing the request — is predicted without any model: find the latest ear
 where the last n tokens (n from ``ngram_max`` down to ``ngram_min``) occurred in the prompt
 or the answer so far, and propose the tokens that followed it. verify checks these drafts
 with the heavy model exactly as it checks light drafts (lossless; a deterministic proposal
-is a one-hot q for speculative sampling); route, asked for ``ngram_drafts``, sends them all
+is a one-hot q for speculative sampling, ``acceptance.verify``); route, asked for ``ngram_drafts``, sends them all
 to the heavy model (no light model vouched for them). Route's own use is ``light_copies``
 (greedy): the light model reads a copy in one forward and its agreeing prefix, plus its own
 next token, are that block's light drafts — what its token-by-token drafting would have
@@ -22,12 +22,12 @@ Pure numpy, no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Sequence
 
 import numpy as np
 
 from tokenrouter_backend.core.answer_cache import follow
+from tokenrouter_backend.core.drafts import DraftSource
 
 
 def lookup(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -47,13 +47,6 @@ def lookup(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
     return []
 
 
-def one_hot(drafts: Sequence[int], vocab: int) -> np.ndarray:
-    """The proposal distribution of deterministic drafts: q[i] puts all mass on drafts[i]."""
-    q = np.zeros((len(drafts), vocab), dtype=np.float32)
-    q[np.arange(len(drafts)), np.asarray(drafts, dtype=np.int64)] = 1.0
-    return q
-
-
 @dataclass(frozen=True)
 class NgramSettings:
     """One request's n-gram knobs (``RouterParams``)."""
@@ -65,13 +58,6 @@ class NgramSettings:
     max_n: int = 5  # longest suffix matched (tried first)
     max_draft: int = 16  # most n-gram tokens one heavy check carries
     first_draft: int = 8  # draft length of the first n-gram block
-
-
-class DraftSource(str, Enum):
-    """Where a model-free draft came from (``RequestStats`` counts them apart)."""
-
-    NGRAM = "ngram"  # the latest earlier occurrence of the text's last n tokens
-    ANSWER = "answer"  # the earlier answer to the same prompt (``answer_cache.py``)
 
 
 class NgramDrafter:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Callable, Sequence
 
-from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM, Mode
+from tokenrouter_backend.core.names import Mode, Source
 
 
 class Kind(str, Enum):
@@ -31,14 +31,14 @@ LABELS = {Kind.LIGHT_UNCHECKED: "light, unchecked", Kind.LIGHT_VERIFIED: "light,
           Kind.COPIED: "copied (n-gram or earlier answer), verified"}
 
 
-def default_kind(source: str, mode: Mode) -> Kind:
+def default_kind(source: Source, mode: Mode) -> Kind:
     """A committed token's kind when the commit site does not say: verify checks every light
     token before committing it; light and route commit light tokens unchecked."""
-    if source == HEAVY:
+    if source == Source.HEAVY:
         return Kind.HEAVY
-    if source == NGRAM:
+    if source == Source.NGRAM:
         return Kind.COPIED
-    assert source == LIGHT, source
+    assert source == Source.LIGHT, source
     return Kind.LIGHT_VERIFIED if mode == Mode.VERIFY else Kind.LIGHT_UNCHECKED
 
 

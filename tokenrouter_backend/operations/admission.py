@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate, with_prior
-from tokenrouter_backend.core.hooks import ACTION_ACCEPT, ACTION_FALLBACK, BlockPlan, BlockRecord
+from tokenrouter_backend.core.hooks import Action, BlockPlan, BlockRecord
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
 from tokenrouter_backend.core.prompt_segments import TokenSurprise
@@ -302,7 +302,7 @@ class RequestHooks:
         accepted, rejected = verdict_counts(record)
         self.accepted += accepted
         self.rejected += rejected
-        if record.action in (ACTION_ACCEPT, ACTION_FALLBACK) and record.drafted:
+        if record.action in (Action.ACCEPT, Action.FALLBACK) and record.drafted:
             stood, unsure = record.committed_light, int(record.committed_light < len(record.drafted))
             self.route_stood += stood
             self.route_unsure += unsure

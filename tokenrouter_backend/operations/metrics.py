@@ -18,7 +18,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from tokenrouter_backend.core.names import HEAVY, LIGHT, NGRAM
+from tokenrouter_backend.core.names import HEAVY, LIGHT, Source
 from tokenrouter_backend.core.stats import RequestStats
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
@@ -134,7 +134,7 @@ def request_updates(stats: RequestStats, arm: str) -> list[Update]:
         ("tokenrouter_router_prompt_tokens_total", base, stats.prompt_tokens),
         ("tokenrouter_router_drafts_proposed_total", base, stats.drafts_proposed),
         ("tokenrouter_router_drafts_accepted_total", base, stats.drafts_accepted),
-        ("tokenrouter_router_generated_tokens_total", {**base, "branch": NGRAM}, stats.ngram_tokens),
+        ("tokenrouter_router_generated_tokens_total", {**base, "branch": Source.NGRAM.value}, stats.ngram_tokens),
         ("tokenrouter_router_ngram_drafts_proposed_total", base, stats.ngram_drafts_proposed),
         ("tokenrouter_router_ngram_drafts_accepted_total", base, stats.ngram_drafts_accepted),
         ("tokenrouter_router_light_copy_drafts_proposed_total", base, stats.light_copy_drafts_proposed),

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tokenrouter_backend.core.hooks import ACTION_VERIFY, BlockRecord
+from tokenrouter_backend.core.hooks import Action, BlockRecord
 
 DEFAULT_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
 DEFAULT_ROLLBACK = 0.05  # RouterDefaults.rollback_threshold
@@ -57,7 +57,7 @@ def collect(records: Iterable[BlockRecord]) -> Verdicts:
     """Verdicts of greedy verify blocks (other blocks carry no complete verdicts)."""
     conf, ent, agree, prob = [], [], [], []
     for r in records:
-        if r.action != ACTION_VERIFY:
+        if r.action != Action.VERIFY:
             continue
         for v in r.verdicts():
             conf.append(v.confidence)

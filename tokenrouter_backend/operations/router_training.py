@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tokenrouter_backend.core.hooks import ACTION_VERIFY, BlockRecord
+from tokenrouter_backend.core.hooks import Action, BlockRecord
 from tokenrouter_backend.core.learned_router import (
     FEATURES,
     REQUEST_STATE_FEATURES,
@@ -69,7 +69,7 @@ def sampled_drafts(r: BlockRecord) -> int:
     block that carries the router features (0 = none). Per-draft columns built beside
     ``collect_samples`` follow the same rule, so they line up with its rows."""
     n = len(r.heavy_agree)
-    return n if r.action == ACTION_VERIFY and len(r.token_class) >= n else 0
+    return n if r.action == Action.VERIFY and len(r.token_class) >= n else 0
 
 
 def collect_samples(records: Iterable[BlockRecord], texts: Sequence[str] | None = None) -> Samples:

@@ -1,7 +1,5 @@
-"""Routing decisions that need no model: block-size schedule and the route confidence test."""
+"""The block-size schedule: how many drafts the next block asks for."""
 from __future__ import annotations
-
-import numpy as np
 
 from tokenrouter_backend.core.names import Schedule
 from tokenrouter_backend.core.params import RouterParams
@@ -18,10 +16,3 @@ def next_block_size(params: RouterParams, current: int, drafted: int, accepted: 
     if drafted and accepted >= drafted:
         return min(current + 2, params.max_block_size)
     return max(1, current - 1)
-
-
-def confident_prefix(probs: np.ndarray, entropies: np.ndarray, params: RouterParams) -> int:
-    """How many leading light tokens may be committed without the heavy model (route)."""
-    ok = (np.asarray(probs) >= params.confidence_threshold) & (np.asarray(entropies) <= params.entropy_threshold)
-    bad = np.nonzero(~ok)[0]
-    return int(bad[0]) if bad.size else len(ok)
