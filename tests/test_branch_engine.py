@@ -9,7 +9,8 @@ from support.fixtures_engine import ToyLM
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, KVBudgetFull, Sampling, SessionMissing
 from tokenrouter_backend.core.sampling import entropy, softmax
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
-from tokenrouter_backend.engine.kv_store import KVShape, KVStore
+from tokenrouter_backend.engine.kv_session import KVShape
+from tokenrouter_backend.engine.kv_store import KVStore
 
 PROMPTS = {1: (3, 4, 5), 2: (7,), 3: (9, 8, 7, 6, 5, 4, 3, 2), 4: (11, 12)}
 

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tokenrouter_backend.export import pipeline, quantize
+from tokenrouter_backend.export import branch_export, branch_stamp, light_pick, pipeline, quantize
 from tokenrouter_backend.export.pipeline import ExportOptions, TokenizerMismatch, export_pair
 from tokenrouter_backend.export.repository import REQUIRED_PLACEHOLDERS, TemplateError, fill_repository, fill_text
 from tokenrouter_backend.export.validate import (
@@ -57,7 +57,7 @@ def test_cli_default_is_the_documented_mode():
     assert args.light_quant == quantize.DEFAULT_MODE
 
 
-def _export_light(tiny_pair, work, monkeypatch, light_quant: str) -> tuple[pipeline.BranchBuild, list]:
+def _export_light(tiny_pair, work, monkeypatch, light_quant: str) -> tuple[branch_stamp.BranchBuild, list]:
     """The light branch alone into ``work``; returns (build, the (batch, past) of every timing)."""
     from tokenrouter_backend.export.sources import load_tokenizer, resolve_source
 
@@ -67,9 +67,9 @@ def _export_light(tiny_pair, work, monkeypatch, light_quant: str) -> tuple[pipel
         timings.append((batch, past_len))
         return 1.0 + batch
 
-    monkeypatch.setattr(pipeline, "step_ms", counting_step_ms)
+    monkeypatch.setattr(light_pick, "step_ms", counting_step_ms)
     source = resolve_source(tiny_pair[1])
-    build = pipeline.export_light(source, load_tokenizer(source), work, ExportOptions(light_quant=light_quant))
+    build = branch_export.export_light(source, load_tokenizer(source), work, ExportOptions(light_quant=light_quant))
     return build, timings
 
 
@@ -81,7 +81,8 @@ def test_only_auto_takes_timings(tiny_pair, tmp_path, monkeypatch):
     assert build.quant_reason.startswith("requested with --light-quant dynamic")
     assert "batch-dependent" in build.quant_reason
     build, timings = _export_light(tiny_pair, tmp_path / "auto", monkeypatch, quantize.AUTO)
-    assert sorted(timings) == sorted([(1, pipeline.BENCH_PAST), (8, pipeline.BENCH_PAST)] * len(quantize.AUTO_MODES))
+    past = light_pick.BENCH_PAST
+    assert sorted(timings) == sorted([(1, past), (8, past)] * len(quantize.AUTO_MODES))
     assert set(build.quant_candidates) == set(quantize.AUTO_MODES)
     for mode, cand in build.quant_candidates.items():
         assert (cand["step_ms_b1"], cand["step_ms_b8"]) == (2.0, 9.0), mode  # the timings taken
@@ -104,16 +105,16 @@ def test_stamp_follows_dependency_versions(tiny_export, tiny_pair, monkeypatch):
     assert set(saved["dependencies"]) == set(versions.DEPENDENCIES)
     light_dir = pipeline.default_work_dir(out) / "light"
     source, options = resolve_source(tiny_pair[1]), ExportOptions()
-    key = pipeline._stamp_key(source, "light", options)
-    assert pipeline._reuse(light_dir, key) is not None
+    key = branch_stamp.stamp_key(source, "light", options)
+    assert branch_stamp.reused_build(light_dir, key) is not None
     real = versions.version
     for dep in versions.DEPENDENCIES:
         monkeypatch.setattr(versions, "version", lambda n, d=dep, r=real: "0.0.1" if n == d else r(n))
-        other = pipeline._stamp_key(source, "light", options)
+        other = branch_stamp.stamp_key(source, "light", options)
         assert other != key, dep
-        assert pipeline._reuse(light_dir, other) is None, dep
+        assert branch_stamp.reused_build(light_dir, other) is None, dep
         monkeypatch.setattr(versions, "version", real)
-    assert pipeline._stamp_key(source, "light", options) == key
+    assert branch_stamp.stamp_key(source, "light", options) == key
 
 
 def test_missing_dependency_is_named():

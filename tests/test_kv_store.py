@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
-from tokenrouter_backend.engine.kv_store import MIN_CAPACITY, KVShape, KVStore
+from tokenrouter_backend.engine.kv_session import MIN_CAPACITY, KVShape
+from tokenrouter_backend.engine.kv_store import KVStore
 
 SHAPE = KVShape(num_layers=2, num_kv_heads=2, head_dim=4, dtype=np.dtype(np.float32), max_len=1000)
 

@@ -23,7 +23,8 @@ from tokenrouter_backend.core.learned_router import FEATURES, REQUEST_STATE_FEAT
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, RouteGate
 from tokenrouter_backend.core.token_classes import TokenClass
-from tokenrouter_backend.engine.branch_engine import BranchEngine, top_margin
+from tokenrouter_backend.engine.branch_engine import BranchEngine
+from tokenrouter_backend.engine.step_scores import top_margin
 from tokenrouter_backend.operations import router_training as rt
 from tokenrouter_backend.operations.decision_log import record_from_dict, record_to_json
 

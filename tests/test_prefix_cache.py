@@ -5,7 +5,8 @@ import numpy as np
 from support.fixtures_engine import ToyLM
 from tokenrouter_backend.core.branch_protocol import BranchOp, KVBudgetFull
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
-from tokenrouter_backend.engine.kv_store import KVShape, KVStore
+from tokenrouter_backend.engine.kv_session import KVShape
+from tokenrouter_backend.engine.kv_store import KVStore
 from tokenrouter_backend.engine.prefix_cache import PrefixCache, block_key
 
 BLOCK = 4

@@ -11,7 +11,8 @@ import torch
 from tokenrouter_backend.branches.local_pair import LocalPair
 from tokenrouter_backend.core.branch_protocol import BranchOp
 from tokenrouter_backend.engine.branch_engine import BranchEngine
-from tokenrouter_backend.engine.kv_store import KVShape, KVStore
+from tokenrouter_backend.engine.kv_session import KVShape
+from tokenrouter_backend.engine.kv_store import KVStore
 from tokenrouter_backend.engine.onnx_lm import ModelInfo, OnnxCausalLM
 from tokenrouter_backend.engine.torch_lm import TorchCausalLM, hf_folder, resolve_dtype, step_ms
 from tokenrouter_backend.export.pipeline import ExportOptions, export_pair

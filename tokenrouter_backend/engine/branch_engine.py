@@ -15,21 +15,24 @@ forward waits its turn on the CPU cores; the forward's own time excludes that wa
 Framework-free: the model is anything with ``info`` (``ModelInfo``) and ``forward`` like
 ``OnnxCausalLM`` (or ``torch_lm.TorchCausalLM``); a model with ``kv_arrays`` keeps the
 store's KV buffers in that array kind (torch tensors on its device), else numpy.
+How ops become forwards: ``forward_plan``; logits into tokens and results: ``step_scores``.
 """
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from tokenrouter_backend.core import sampling as smp
 from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult
 from tokenrouter_backend.engine import kv_window
 from tokenrouter_backend.engine.core_turns import CoreTurns
-from tokenrouter_backend.engine.kv_store import KVShape, KVStore, Session
+from tokenrouter_backend.engine.forward_plan import OpWork, check_op, next_forward, session_waves
+from tokenrouter_backend.engine.kv_session import KVShape, Session
+from tokenrouter_backend.engine.kv_store import KVStore
 from tokenrouter_backend.engine.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache
+from tokenrouter_backend.engine.step_scores import empty_result, op_result, score_rows
 
 
 @dataclass(frozen=True)
@@ -56,53 +59,6 @@ class EngineConfig:
     @property
     def budget_bytes(self) -> int:
         return int(self.kv_cache_budget_mb * (1 << 20))
-
-
-@dataclass
-class _Work:
-    """One op in flight (engine-internal, mutable)."""
-
-    index: int
-    op: BranchOp
-    session: Session
-    first_scored: int = 0  # input index of the first position that gets logits
-    fed: int = 0  # input tokens already fed (or taken from the prefix cache)
-    reused: int = 0  # input tokens whose KV came from the prefix cache
-    skip_at: int = -1  # kv_window: input index where ``skip_len`` inputs are left out
-    skip_len: int = 0
-    tokens: list = field(default_factory=list)  # per scored chunk / draft step: int32 [rows]
-    probs: list = field(default_factory=list)
-    entropy: list = field(default_factory=list)
-    margins: list = field(default_factory=list)  # top-1 minus top-2 probability per row
-    dists: list = field(default_factory=list)
-    input_probs: list = field(default_factory=list)  # per scored chunk: float32 [rows]
-    drafted: int = 0
-    forward_ms: float = 0.0
-    forward_tokens: int = 0  # padded tokens of the forwards this op took part in
-    forwards: int = 0
-    batch_size: int = 0
-
-    @property
-    def remaining(self) -> int:
-        return len(self.op.input_ids) - self.fed
-
-    @property
-    def feedable(self) -> int:
-        """Inputs the next forward may take (up to a kv_window skip)."""
-        if self.skip_len and self.fed < self.skip_at:
-            return self.skip_at - self.fed
-        return self.remaining
-
-    def last(self, arrays: list) -> float:
-        return float(arrays[-1][-1])
-
-    def wants_more(self, max_len: int) -> bool:
-        """Drafting goes on: budget left, last draft confident, room to feed it."""
-        op = self.op
-        return (0 < self.drafted < op.draft_len
-                and self.last(self.probs) >= op.min_confidence
-                and self.last(self.entropy) <= op.max_entropy
-                and self.session.length < max_len)
 
 
 class BranchEngine:
@@ -136,11 +92,11 @@ class BranchEngine:
         self.last_batch_sizes, self.last_forward_ms, self.last_forward_tokens = [], [], []
         self.store.expire()
         results: list = [None] * len(ops)
-        for wave in _waves(ops):
+        for wave in session_waves(ops):
             releases = [i for i in wave if ops[i].release]
             for i in releases:
                 self.store.release(ops[i].session_id)
-                results[i] = _empty_result()
+                results[i] = empty_result()
             steps = [i for i in wave if not ops[i].release]
             for start in range(0, len(steps), self.config.max_batch):
                 self._run_group(ops, steps[start:start + self.config.max_batch], results)
@@ -170,27 +126,12 @@ class BranchEngine:
                 results[w.index] = err
             return
         for w in works:
-            results[w.index] = self._result(w)
+            results[w.index] = op_result(w, self.lone)
 
-    def _prepare(self, index: int, op: BranchOp) -> _Work:
+    def _prepare(self, index: int, op: BranchOp) -> OpWork:
         """Validate an op, open and truncate its session, reserve room for the whole step."""
+        check_op(op, self.name, self.model.info.vocab_size, self.config.max_draft_len, self.max_len)
         n = len(op.input_ids)
-        if n < 1:
-            raise BranchError(f"{self.name}: input_ids needs at least one token")
-        vocab = self.model.info.vocab_size
-        if min(op.input_ids) < 0 or max(op.input_ids) >= vocab:
-            bad = next(t for t in op.input_ids if not 0 <= t < vocab)
-            raise BranchError(f"{self.name}: input_ids holds token {bad}, outside the vocabulary 0..{vocab - 1}")
-        if not 0 <= op.draft_len <= self.config.max_draft_len:
-            raise BranchError(f"{self.name}: draft_len {op.draft_len} outside 0..{self.config.max_draft_len}")
-        if not 0 <= op.score_last <= n:
-            raise BranchError(f"{self.name}: score_last {op.score_last} outside 0..{n} (0 = every input position)")
-        if op.kv_window < 0:
-            raise BranchError(f"{self.name}: kv_window {op.kv_window} must be >= 0 (0 = all positions)")
-        if op.keep_len + n > self.max_len:
-            raise BranchError(
-                f"{self.name}: session {op.session_id} would hold keep_len {op.keep_len} + {n} new "
-                f"tokens = {op.keep_len + n}, more than the model's {self.max_len} positions")
         need = min(op.keep_len + n + max(op.draft_len - 1, 0), self.max_len)
         first_scored = n - (op.score_last or n)
         sink = self.config.kv_sink_tokens
@@ -210,12 +151,12 @@ class BranchEngine:
         reused = self.store.attach_prefix(session, op.input_ids, limit=first_scored) \
             if window is kv_window.NO_PLAN else 0
         self.store.reserve(session, need - window.skip)
-        work = _Work(index, op, session, first_scored=first_scored, fed=reused, reused=reused,
-                     skip_at=window.skip_at, skip_len=window.skip)
+        work = OpWork(index, op, session, first_scored=first_scored, fed=reused, reused=reused,
+                      skip_at=window.skip_at, skip_len=window.skip)
         self._apply_skip(work)
         return work
 
-    def _apply_skip(self, w: _Work) -> None:
+    def _apply_skip(self, w: OpWork) -> None:
         """Leave the window's skipped inputs out once the inputs before them are fed."""
         if w.skip_len and w.fed == w.skip_at:
             kv_window.skip(w.session, w.skip_len)
@@ -223,7 +164,7 @@ class BranchEngine:
             w.skip_len = 0
 
     # ---- forwards ----------------------------------------------------------------
-    def _extend(self, works: list[_Work]) -> None:
+    def _extend(self, works: list[OpWork]) -> None:
         """Feed every op its new tokens in forwards of at most ``max_forward_tokens`` padded
         tokens (a long prompt alone, in chunks; short ops together); score the asked positions.
 
@@ -232,7 +173,7 @@ class BranchEngine:
         """
         pending = list(works)
         while pending:
-            group = self._next_forward(pending)
+            group = next_forward(pending, self.config.max_forward_tokens, self.lone)
             self._feed(group)
             for w, _ in group:
                 self._apply_skip(w)
@@ -241,26 +182,7 @@ class BranchEngine:
             w.batch_size = w.batch_size or len(works)
             w.drafted = 1 if w.op.draft_len > 0 else 0
 
-    def _next_forward(self, pending: list[_Work]) -> list[tuple[_Work, int]]:
-        """The ops (and chunk lengths) of the next forward: shortest remaining first, as many
-        as fit the token budget with rows padded to the longest chunk. With lone steps a
-        one-token chunk is a forward of its own and never joins one of longer chunks."""
-        budget = self.config.max_forward_tokens
-        group: list[tuple[_Work, int]] = []
-        width = 0
-        for w in sorted(pending, key=lambda x: x.remaining):
-            chunk = min(w.feedable, budget)
-            if self.lone and chunk == 1:
-                if not group:
-                    return [(w, 1)]
-                continue
-            if group and (len(group) + 1) * max(width, chunk) > budget:
-                break
-            group.append((w, chunk))
-            width = max(width, chunk)
-        return group
-
-    def _feed(self, group: list[tuple[_Work, int]]) -> None:
+    def _feed(self, group: list[tuple[OpWork, int]]) -> None:
         """One forward over a chunk of each op's input; score the asked positions in it."""
         works = [w for w, _ in group]
         chunks, scored = [], []
@@ -276,24 +198,24 @@ class BranchEngine:
             if len(rel):
                 ids = np.asarray(w.op.input_ids, dtype=np.int64)
                 where = w.fed + rel  # input indices scored here
-                weights, scale = self._score(w, logits[row, : len(rel)], starts[row] + rel + 1)
+                weights, scale = score_rows(w, logits[row, : len(rel)], starts[row] + rel + 1)
                 inner = where < len(ids) - 1  # the last input has no next input to score
                 w.input_probs.append((weights[np.nonzero(inner)[0], ids[where[inner] + 1]]
                                       * scale[inner]).astype(np.float32))
             w.fed += size
             w.batch_size = w.batch_size or len(group)
 
-    def _draft_step(self, works: list[_Work]) -> None:
+    def _draft_step(self, works: list[OpWork]) -> None:
         """Feed each drafting op its last drafted token; score the next one."""
         ids = [np.array([w.tokens[-1][-1]], dtype=np.int64) for w in works]
         # the fed token sits at index session.length; the one scored next at length + 1
         positions = [w.session.length + 1 for w in works]
         logits = self._forward(works, ids, [np.zeros(1, dtype=np.int64)] * len(works))
         for row, w in enumerate(works):
-            self._score(w, logits[row, :1], np.array([positions[row]]))
+            score_rows(w, logits[row, :1], np.array([positions[row]]))
             w.drafted += 1
 
-    def _forward(self, works: list[_Work], ids: list[np.ndarray], scored: list[np.ndarray]) -> np.ndarray:
+    def _forward(self, works: list[OpWork], ids: list[np.ndarray], scored: list[np.ndarray]) -> np.ndarray:
         """One model forward over the works' sessions (appends their new KV).
 
         ``scored[b]``: indices into row b's new tokens that need logits (may be empty).
@@ -336,97 +258,3 @@ class BranchEngine:
             w.forward_tokens += tokens
             w.forwards += 1
         return logits
-
-    # ---- scoring -----------------------------------------------------------------
-    def _score(self, w: _Work, logits: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Choose a token per row; record choice, its probability, entropy, margin (and dist).
-
-        Returns (weights [rows, V], scale [rows]): the distribution is weights * scale, so
-        greedy rows never divide the full vocabulary unless a dist is asked for.
-        """
-        sampling = w.op.sampling
-        if sampling.greedy:
-            chosen, weights, scale, ent = _greedy_rows(logits)
-            token_probs = scale  # the top-1 weight is exp(0) = 1
-        else:
-            weights = smp.processed_probs(logits, sampling)  # the only full-vocab softmax
-            scale = np.ones(len(weights), dtype=np.float32)
-            chosen = smp.choose(weights, sampling, positions)
-            token_probs = weights[np.arange(len(chosen)), chosen]
-            ent = smp.entropy(weights)
-        w.tokens.append(chosen.astype(np.int32))
-        w.probs.append(token_probs.astype(np.float32))
-        w.entropy.append(ent.astype(np.float32))
-        w.margins.append(top_margin(weights, scale))
-        if w.op.return_dist:
-            w.dists.append(weights * scale[:, None])
-        return weights, scale
-
-    def _result(self, w: _Work) -> BranchResult:
-        return BranchResult(
-            tokens=np.concatenate(w.tokens).astype(np.int32),
-            token_probs=np.concatenate(w.probs),
-            entropy=np.concatenate(w.entropy),
-            input_probs=np.concatenate(w.input_probs) if w.input_probs else np.zeros(0, np.float32),
-            session_len=w.session.length,
-            dist=np.concatenate(w.dists).astype(np.float32, copy=False) if w.op.return_dist else None,
-            forward_ms=w.forward_ms,
-            batch_size=w.batch_size,
-            forward_tokens=w.forward_tokens,
-            forwards=w.forwards,
-            reused_tokens=w.reused,
-            margin=np.concatenate(w.margins) if w.margins else np.zeros(0, np.float32),
-            lone_steps=self.lone,
-        )
-
-
-def _greedy_rows(logits: np.ndarray):
-    """Softmax facts of logits [rows, V] in one exp pass: argmax, exp(z), 1/sum, entropy.
-
-    With z = logits - rowmax, p = exp(z) / S, S = sum exp(z): top-1 p = 1/S and the entropy
-    -sum p log p = log S - sum(exp(z) z) / S (no log over the vocabulary).
-    """
-    rows = np.arange(len(logits))
-    top = logits.argmax(axis=-1)
-    z = logits - logits[rows, top][:, None]  # float32 copy; the max is at 0
-    weights = np.exp(z)
-    total = weights.sum(axis=-1)
-    ent = np.log(total) - np.einsum("ij,ij->i", weights, z) / total
-    return top, weights, (1.0 / total).astype(np.float32), ent
-
-
-def top_margin(weights: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float32 [rows]: top-1 minus top-2 probability of the distributions weights * scale.
-
-    Two max passes (the top entry masked for the second, then restored): cheaper than
-    np.partition by about 5x on a 32k vocabulary. A 1-token vocabulary: p1.
-    """
-    rows = np.arange(len(weights))
-    top = weights.argmax(axis=-1)
-    first = weights[rows, top].copy()
-    if weights.shape[-1] < 2:
-        return (first * scale).astype(np.float32)
-    weights[rows, top] = -np.inf
-    second = weights.max(axis=-1)
-    weights[rows, top] = first
-    return ((first - second) * scale).astype(np.float32)
-
-
-def _waves(ops: list[BranchOp]) -> list[list[int]]:
-    """Split op indices into waves of distinct sessions, keeping each session's order."""
-    waves: list[list[int]] = []
-    seen: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        k = seen.get(op.session_id, 0)
-        seen[op.session_id] = k + 1
-        if k == len(waves):
-            waves.append([])
-        waves[k].append(i)
-    return waves
-
-
-def _empty_result() -> BranchResult:
-    empty_i = np.zeros(0, dtype=np.int32)
-    empty_f = np.zeros(0, dtype=np.float32)
-    return BranchResult(tokens=empty_i, token_probs=empty_f, entropy=empty_f, input_probs=empty_f,
-                        session_len=0, batch_size=0)

@@ -1,123 +1,40 @@
-"""Per-session KV caches of one branch model: truncate/append, TTL expiry, a byte budget.
+"""All KV sessions of one branch model: open/truncate/append, TTL expiry, a byte budget.
 
-A session keeps ONE buffer ``[layers, 2 (key, value), kv_heads, capacity, head_dim]``. Capacity
-grows geometrically (by a quarter, at least 64 positions: amortized O(1) append with little
-slack); truncation only sets the length (rollback is free). The budget admits
-new sessions only while the bytes in use are below it (``admit``): sessions of live requests
-are never evicted to make room — an idle session goes only when its TTL runs out.
-``gather`` builds a left-padded batch ``[layers, 2, B, kv_heads, P, head_dim]`` with one
-strided copy per session, whose per-layer slices are the contiguous ``[B, kv_heads, P,
-head_dim]`` past tensors the ONNX model takes. Framework-free (no Triton import).
+The budget admits new sessions only while the bytes in use are below it (``admit``):
+sessions of live requests are never evicted to make room — an idle session goes only when
+its TTL runs out; idle cached blocks go first. ``gather`` builds a left-padded batch
+``[layers, 2, B, kv_heads, P, head_dim]`` with one strided copy per session, whose per-layer
+slices are the contiguous ``[B, kv_heads, P, head_dim]`` past tensors the ONNX model takes.
+What one session holds and how its tail grows: ``kv_session.py``. Framework-free (no Triton
+import).
 
-With a ``PrefixCache`` a session is a chain of shared read-only blocks (``prefix_cache.py``)
-followed by a private tail buffer: at each step the confirmed full blocks of the tail move
-into the cache (or onto an identical cached block), and a session that starts on a
-sequence whose leading blocks are cached takes them instead of computing them
-(``attach_prefix``). ``gather`` copies blocks and tail into the batch as before.
+With a ``PrefixCache`` the confirmed full blocks of a session's tail move into the cache at
+each step (or onto an identical cached block), and a session that starts on a sequence
+whose leading blocks are cached takes them instead of computing them (``attach_prefix``).
+``gather`` copies blocks and tail into the batch as before.
 
-Buffers are numpy arrays by default. A model that keeps its KV on an accelerator (the torch
-runtime, ``torch_lm``) gives the store a ``KVArrays`` of torch tensors on its device at
-construction: sessions, growth and ``gather`` then stay on that device (no host round trip
-per step) and a one-session ``gather`` hands out views of the session buffer, no copy.
+With a ``KVArrays`` of torch tensors (the torch runtime) sessions, growth and ``gather`` stay
+on the model's device (no host round trip per step) and a one-session ``gather`` hands out
+views of the session buffer, no copy.
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
-from tokenrouter_backend.engine.prefix_cache import ROOT_KEY, CachedBlock, PrefixCache, block_key
-
-MIN_CAPACITY = 64  # tokens allocated for a new session; also the smallest growth step
-
-
-def grown_capacity(cap: int, tokens: int, limit: int) -> int:
-    """The capacity a buffer of ``cap`` positions grows to for ``tokens``: by a quarter (at
-    least ``MIN_CAPACITY``) at a time — amortized O(1) appends, at most max(25 %, 64
-    positions) of slack, which the exporter's ``max_live_tokens`` allows for — never beyond
-    ``limit`` (the model's positions) unless ``tokens`` needs it."""
-    while cap < tokens:
-        cap += max(cap // 4, MIN_CAPACITY)
-    return max(min(cap, limit), tokens)
-
-
-@dataclass(frozen=True)
-class KVArrays:
-    """Where KV buffers live: ``empty(shape)`` allocates one (numpy by default).
-
-    views_ok: the model accepts strided views of a session buffer as past (torch does;
-    ONNX Runtime wants contiguous host arrays, so numpy always gathers into a new batch).
-    """
-
-    empty: Callable[[tuple], object]
-    views_ok: bool = False
-    name: str = "numpy"
-
-
-def numpy_arrays(dtype) -> KVArrays:
-    """Host buffers of ``dtype`` (the default of ``KVStore``)."""
-    dtype = np.dtype(dtype)
-    return KVArrays(lambda shape: np.empty(shape, dtype=dtype))
-
-
-@dataclass(frozen=True)
-class KVShape:
-    """Shape of one token's KV cache in a model (from ``ModelInfo``)."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: np.dtype
-    max_len: int  # model max positions: no session grows beyond it
-
-    @classmethod
-    def from_info(cls, info) -> "KVShape":
-        return cls(info.num_layers, info.num_kv_heads, info.head_dim, np.dtype(info.kv_dtype),
-                   info.max_position_embeddings)
-
-    def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
-
-
-class Session:
-    """One session's KV: shared blocks, then a private tail buffer; its tokens, valid length
-    and last use (mutable; owned by the store)."""
-
-    __slots__ = ("session_id", "buf", "length", "last_use", "blocks", "tokens", "sink", "gap", "windowed")
-
-    def __init__(self, session_id: int, buf: np.ndarray, now: float):
-        self.session_id = session_id
-        self.buf = buf  # [L, 2, H, capacity, D]: positions prefix_len .. prefix_len + capacity
-        self.length = 0  # positions held, blocks included
-        self.last_use = now
-        self.blocks: list[CachedBlock] = []  # shared read-only prefix (prefix cache on)
-        self.tokens: list[int] = []  # the token of each held position (prefix cache on)
-        self.windowed = False  # a KV window (``kv_window.py``): positions may be dropped (then no sharing)
-        self.sink = 0  # windowed: leading positions always kept
-        self.gap = 0  # windowed: positions after the sink whose KV is gone (or was never computed)
-
-    @property
-    def entries(self) -> int:
-        """KV entries held (positions minus the window's gap)."""
-        return self.length - self.gap
-
-    @property
-    def prefix_len(self) -> int:
-        """Positions held by shared blocks (all blocks have the same size)."""
-        return len(self.blocks) * self.blocks[0].kv.shape[3] if self.blocks else 0
-
-    @property
-    def capacity(self) -> int:
-        """Entries the session can hold without growing its tail."""
-        return self.prefix_len + self.buf.shape[3]
-
-    @property
-    def nbytes(self) -> int:
-        return self.buf.nbytes
+from tokenrouter_backend.engine.kv_session import (
+    MIN_CAPACITY,
+    KVArrays,
+    KVShape,
+    Session,
+    grown_capacity,
+    numpy_arrays,
+)
+from tokenrouter_backend.engine.prefix_cache import ROOT_KEY, PrefixCache, block_key
 
 
 class KVStore:

@@ -15,13 +15,13 @@ positions first copies any shared blocks into the session's own buffer, and from
 it shares nothing (its KV no longer is a function of the tokens alone). The window moves
 only when it has overgrown by a quarter (amortized: one copy of W entries per W/4 tokens).
 A step may not truncate into the gap (``SessionMissing``: the router re-prefills).
-Framework-free; works on any ``KVStore`` session buffer kind.
+Framework-free; works on any ``KVStore`` session buffer kind (``kv_session.Session``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenrouter_backend.engine.kv_store import Session
+from tokenrouter_backend.engine.kv_session import Session
 
 DEFAULT_SINK_TOKENS = 4  # kv_sink_tokens default (StreamingLLM keeps 4 attention sinks)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenrouter_backend.engine.kv_store import KVArrays
+from tokenrouter_backend.engine.kv_session import KVArrays
 from tokenrouter_backend.engine.onnx_lm import ModelInfo
 from tokenrouter_backend.engine.step_timing import step_ms  # noqa: F401 - re-exported (GPU check, tests)
 

@@ -1,0 +1,100 @@
+"""What a branch step returns: logits scored per row, and an op's ``BranchResult``.
+
+``score_rows`` chooses a token per row of logits (greedy, or sampled at each row's sequence
+position) and records on the op in flight its probability, the entropy, the top-1 minus
+top-2 margin (``top_margin``) and, when asked, the distribution. Greedy rows take one exp
+pass over the vocabulary (``greedy_rows``), never a full normalized softmax. ``op_result``
+assembles an op's scores into its ``BranchResult``; ``empty_result`` answers a release.
+Framework-free (numpy).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tokenrouter_backend.core import sampling as smp
+from tokenrouter_backend.core.branch_protocol import BranchResult
+from tokenrouter_backend.engine.forward_plan import OpWork
+
+
+def score_rows(w: OpWork, logits: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Choose a token per row; record choice, its probability, entropy, margin (and dist).
+
+    Returns (weights [rows, V], scale [rows]): the distribution is weights * scale, so
+    greedy rows never divide the full vocabulary unless a dist is asked for.
+    """
+    sampling = w.op.sampling
+    if sampling.greedy:
+        chosen, weights, scale, ent = greedy_rows(logits)
+        token_probs = scale  # the top-1 weight is exp(0) = 1
+    else:
+        weights = smp.processed_probs(logits, sampling)  # the only full-vocab softmax
+        scale = np.ones(len(weights), dtype=np.float32)
+        chosen = smp.choose(weights, sampling, positions)
+        token_probs = weights[np.arange(len(chosen)), chosen]
+        ent = smp.entropy(weights)
+    w.tokens.append(chosen.astype(np.int32))
+    w.probs.append(token_probs.astype(np.float32))
+    w.entropy.append(ent.astype(np.float32))
+    w.margins.append(top_margin(weights, scale))
+    if w.op.return_dist:
+        w.dists.append(weights * scale[:, None])
+    return weights, scale
+
+
+def greedy_rows(logits: np.ndarray):
+    """Softmax facts of logits [rows, V] in one exp pass: argmax, exp(z), 1/sum, entropy.
+
+    With z = logits - rowmax, p = exp(z) / S, S = sum exp(z): top-1 p = 1/S and the entropy
+    -sum p log p = log S - sum(exp(z) z) / S (no log over the vocabulary).
+    """
+    rows = np.arange(len(logits))
+    top = logits.argmax(axis=-1)
+    z = logits - logits[rows, top][:, None]  # float32 copy; the max is at 0
+    weights = np.exp(z)
+    total = weights.sum(axis=-1)
+    ent = np.log(total) - np.einsum("ij,ij->i", weights, z) / total
+    return top, weights, (1.0 / total).astype(np.float32), ent
+
+
+def top_margin(weights: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float32 [rows]: top-1 minus top-2 probability of the distributions weights * scale.
+
+    Two max passes (the top entry masked for the second, then restored): cheaper than
+    np.partition by about 5x on a 32k vocabulary. A 1-token vocabulary: p1.
+    """
+    rows = np.arange(len(weights))
+    top = weights.argmax(axis=-1)
+    first = weights[rows, top].copy()
+    if weights.shape[-1] < 2:
+        return (first * scale).astype(np.float32)
+    weights[rows, top] = -np.inf
+    second = weights.max(axis=-1)
+    weights[rows, top] = first
+    return ((first - second) * scale).astype(np.float32)
+
+
+def op_result(w: OpWork, lone_steps: bool) -> BranchResult:
+    """The ``BranchResult`` of a finished op: its scores concatenated, its forwards' costs."""
+    return BranchResult(
+        tokens=np.concatenate(w.tokens).astype(np.int32),
+        token_probs=np.concatenate(w.probs),
+        entropy=np.concatenate(w.entropy),
+        input_probs=np.concatenate(w.input_probs) if w.input_probs else np.zeros(0, np.float32),
+        session_len=w.session.length,
+        dist=np.concatenate(w.dists).astype(np.float32, copy=False) if w.op.return_dist else None,
+        forward_ms=w.forward_ms,
+        batch_size=w.batch_size,
+        forward_tokens=w.forward_tokens,
+        forwards=w.forwards,
+        reused_tokens=w.reused,
+        margin=np.concatenate(w.margins) if w.margins else np.zeros(0, np.float32),
+        lone_steps=lone_steps,
+    )
+
+
+def empty_result() -> BranchResult:
+    """The result of a release (nothing fed, nothing scored)."""
+    empty_i = np.zeros(0, dtype=np.int32)
+    empty_f = np.zeros(0, dtype=np.float32)
+    return BranchResult(tokens=empty_i, token_probs=empty_f, entropy=empty_f, input_probs=empty_f,
+                        session_len=0, batch_size=0)
