@@ -1,8 +1,9 @@
 """The router's request glue without a server: one table of input names (the config's),
 one read per request into ``RouterInputs``, the core request and admission's view built from
-it."""
+it, and the BLS branch over a plain ``exec_bls`` coroutine function."""
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import numpy as np
 import pytest
 
 from support.fakes import fake_pb_module
+from tokenrouter_backend.branches.bls import BlsAnswer, BlsBranch
+from tokenrouter_backend.core.branch_protocol import BranchOp, KVBudgetFull, SessionMissing, encode_error
 from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.serving.backend import bls_exec
 from tokenrouter_backend.serving.request import parse_request, request_info
 from tokenrouter_backend.serving.router_inputs import INPUT_NAMES, PARAM_INPUTS, RouterInputs, read_router_request
 
@@ -95,3 +99,69 @@ def test_request_errors_name_the_field(inputs, message):
     with pytest.raises(InvalidRequest) as caught:
         parse_request(inputs, defaults)
     assert str(caught.value) == message
+
+
+class FakeBls:
+    """pb_utils' BLS surface: InferenceRequest(...).async_exec() answering from ``answer``."""
+
+    def __init__(self, answer):
+        self.pb = fake_pb_module("pb_utils")
+        self.sent = []
+        outer = self
+
+        class Response:
+            def __init__(self, outputs, error):
+                self.outputs, self.err = outputs, error
+
+            def has_error(self):
+                return self.err is not None
+
+            def error(self):
+                return self.pb.TritonError(self.err)
+
+        Response.pb = self.pb
+
+        class InferenceRequest:
+            def __init__(self, **kwargs):
+                outer.sent.append(kwargs)
+
+            async def async_exec(self):
+                outputs, error = answer
+                return Response(outputs, error)
+
+        self.pb.InferenceRequest = InferenceRequest
+        self.pb.get_output_tensor_by_name = lambda response, name: (
+            self.pb.Tensor(name, response.outputs[name]) if name in response.outputs else None)
+
+
+def test_bls_exec_builds_the_request_and_reads_the_answer():
+    from tokenrouter_backend.core.branch_protocol import BranchResult, result_to_arrays
+
+    result = BranchResult(tokens=np.array([4, 5]), token_probs=np.array([0.5, 0.25]), entropy=np.zeros(2),
+                          input_probs=np.zeros(2), session_len=3)
+    fake = FakeBls((result_to_arrays(result), None))
+    branch = BlsBranch("light", "light_model", bls_exec(fake.pb), timeout_ms=250, parameters={"key": "k"})
+    got = asyncio.run(branch.step(BranchOp(1, 0, (1, 2, 3))))
+    assert got.tokens.tolist() == [4, 5] and got.session_len == 3
+    (sent,) = fake.sent
+    assert sent["model_name"] == "light_model" and sent["requested_output_names"] == []
+    assert sent["timeout"] == 250_000 and sent["parameters"] == {"key": "k"}
+    assert "session_id" in {t.name for t in sent["inputs"]}
+    untimed = FakeBls((result_to_arrays(result), None))
+    asyncio.run(BlsBranch("light", "light", bls_exec(untimed.pb)).step(BranchOp(1, 0, (1,))))
+    assert "timeout" not in untimed.sent[0] and "parameters" not in untimed.sent[0]
+
+
+@pytest.mark.parametrize("message, error", [
+    (encode_error(SessionMissing("session 1 does not exist")), SessionMissing),
+    (encode_error(KVBudgetFull("no room")), KVBudgetFull),
+])
+def test_a_bls_error_comes_back_as_the_branch_error(message, error):
+    async def exec_bls(model, inputs, parameters, timeout_ms):
+        return BlsAnswer(error=message)
+
+    with pytest.raises(error, match=r"heavy branch \(heavy\): "):
+        asyncio.run(BlsBranch("heavy", "heavy", exec_bls).step(BranchOp(1, 0, (1,))))
+    fake = FakeBls(({}, message))
+    with pytest.raises(error):
+        asyncio.run(BlsBranch("heavy", "heavy", bls_exec(fake.pb)).step(BranchOp(1, 0, (1,))))

@@ -22,7 +22,8 @@ from tokenrouter_backend.core.params import ConfigCheck, config_error, dataclass
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.onnx_lm import OrtThreading
-from tokenrouter_backend.operations.metrics import SumCount
+from tokenrouter_backend.operations.metrics import COUNTER, GAUGE, HISTOGRAM, SumCount
+from tokenrouter_backend.serving.backend import metric_family
 from tokenrouter_backend.serving.tensors import config_outputs, config_parameters
 
 DEVICES = ("cpu", "cuda", "tensorrt")
@@ -97,14 +98,17 @@ def load_model(params: BranchParams, version_dir: Path):
                         threading=threading), model_dir
 
 
-def _family(name: str, description: str, kind):
-    """A MetricFamily kept alive in _FAMILIES: pb_utils refuses Metrics whose family was freed."""
-    family = pb_utils.MetricFamily(name, description, kind)
-    _FAMILIES.append(family)
+def _family(name: str, description: str, kind: str):
+    """A MetricFamily kept alive in _FAMILIES: pb_utils refuses Metrics whose family was freed;
+    None for a kind the backend lacks."""
+    family = _new_family(name, description, kind)
+    if family is not None:
+        _FAMILIES.append(family)
     return family
 
 
 _FAMILIES: list = []
+_new_family = metric_family(pb_utils)
 
 
 class BranchMetrics:
@@ -112,19 +116,18 @@ class BranchMetrics:
 
     def __init__(self, branch: str):
         labels = {"branch": branch}
-        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.sessions = _family("tokenrouter_kv_sessions", "Live KV-cache sessions of a branch model",
-                                gauge).Metric(labels)
+                                GAUGE).Metric(labels)
         self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's live KV-cache sessions "
-                                "(private tails and the prefix blocks they share)", gauge).Metric(labels)
+                                "(private tails and the prefix blocks they share)", GAUGE).Metric(labels)
         self.cache = PrefixCacheMetrics(labels)
         self.kv_peak = _family("tokenrouter_kv_peak_bytes", "Most bytes a branch model's KV cache held at once",
-                               gauge).Metric(labels)
+                               GAUGE).Metric(labels)
         self.forward_tokens_max = _family("tokenrouter_branch_forward_tokens_max",
                                           "Most padded tokens one forward of a branch model carried",
-                                          gauge).Metric(labels)
+                                          GAUGE).Metric(labels)
         dropped = _family("tokenrouter_kv_dropped_sessions_total",
-                          "Sessions dropped without release (ttl) or refused at creation (budget)", counter)
+                          "Sessions dropped without release (ttl) or refused at creation (budget)", COUNTER)
         self.dropped = {r: dropped.Metric({**labels, "reason": r}) for r in ("ttl", "budget")}
         self._seen = {"ttl": 0, "budget": 0}
         self.batch = _histogram("tokenrouter_branch_batch_size", "Sessions per batched forward",
@@ -154,16 +157,15 @@ class BranchMetrics:
 
 def turn_metrics(labels: dict) -> TotalsAsCounters:
     """Counters of a branch's turns on the CPU cores (labels {branch}; ``share_cores``)."""
-    counter = pb_utils.MetricFamily.COUNTER
     return TotalsAsCounters({
         "turns": _family("tokenrouter_branch_core_turns_total",
-                         "Forwards of a branch that ran holding the turn on the CPU cores", counter).Metric(labels),
+                         "Forwards of a branch that ran holding the turn on the CPU cores", COUNTER).Metric(labels),
         "overlaps": _family("tokenrouter_branch_core_overlaps_total",
                             "Forwards of a branch that ran beside the other branch's after core_wait_ms",
-                            counter).Metric(labels),
+                            COUNTER).Metric(labels),
         "waited_ms": _family("tokenrouter_branch_core_wait_ms_total",
                              "Milliseconds a branch's forwards waited for their turn on the CPU cores",
-                             counter).Metric(labels),
+                             COUNTER).Metric(labels),
     })
 
 
@@ -171,18 +173,17 @@ class PrefixCacheMetrics:
     """Prometheus families of one branch's prefix cache (labels {branch})."""
 
     def __init__(self, labels: dict):
-        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.blocks = _family("tokenrouter_prefix_cache_blocks", "KV blocks in a branch's prefix cache "
-                              "(shared by live sessions or idle)", gauge).Metric(labels)
+                              "(shared by live sessions or idle)", GAUGE).Metric(labels)
         self.bytes = _family("tokenrouter_prefix_cache_bytes", "Bytes of a branch's prefix-cache blocks",
-                             gauge).Metric(labels)
+                             GAUGE).Metric(labels)
         self.counters = TotalsAsCounters({
             "lookup_tokens": _family("tokenrouter_prefix_cache_lookup_tokens_total",
-                                     "Input tokens of steps that looked for a cached prefix", counter).Metric(labels),
+                                     "Input tokens of steps that looked for a cached prefix", COUNTER).Metric(labels),
             "hit_tokens": _family("tokenrouter_prefix_cache_hit_tokens_total",
-                                  "Input tokens whose KV the prefix cache supplied", counter).Metric(labels),
+                                  "Input tokens whose KV the prefix cache supplied", COUNTER).Metric(labels),
             "evicted_blocks": _family("tokenrouter_prefix_cache_evicted_blocks_total",
-                                      "Idle prefix-cache blocks evicted for room", counter).Metric(labels),
+                                      "Idle prefix-cache blocks evicted for room", COUNTER).Metric(labels),
         })
 
     def record(self, cache) -> None:
@@ -208,12 +209,11 @@ class TotalsAsCounters:
 
 
 def _histogram(name: str, description: str, buckets: list, labels: dict):
-    kind = getattr(pb_utils.MetricFamily, "HISTOGRAM", None)
-    if kind is None:  # stubs without HISTOGRAM: counters <name>_sum / <name>_count
-        counter = pb_utils.MetricFamily.COUNTER
-        return SumCount(_family(f"{name}_sum", description + " (sum)", counter).Metric(labels),
-                        _family(f"{name}_count", description + " (count)", counter).Metric(labels))
-    return _family(name, description, kind).Metric(labels, buckets=buckets)
+    family = _family(name, description, HISTOGRAM)
+    if family is None:  # stubs without HISTOGRAM: counters <name>_sum / <name>_count
+        return SumCount(_family(f"{name}_sum", description + " (sum)", COUNTER).Metric(labels),
+                        _family(f"{name}_count", description + " (count)", COUNTER).Metric(labels))
+    return family.Metric(labels, buckets=buckets)
 
 
 class TritonPythonModel:

@@ -2,7 +2,7 @@
 
 ``execute`` starts one coroutine per request and returns; each coroutine reads its
 request once (``router_inputs.RouterInputs``), runs the block loop against the heavy/light
-branches (BLS, or gRPC to a heavy server) and streams final
+branches (BLS through ``backend.bls_exec``, or gRPC to a heavy server) and streams final
 token ids (plus routing stats) to postprocessing (the final response says how many
 characters of its text a stop string began in: ``STOP_TRIM``). The router decodes with
 the tokenizer the exporter copied into ``router/1/tokenizer`` to match stop strings on
@@ -39,6 +39,7 @@ from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
+from tokenrouter_backend.serving.backend import bls_exec, metric_family
 from tokenrouter_backend.serving.request import parse_request, request_info
 from tokenrouter_backend.serving.router_inputs import RouterInputs, read_router_request
 from tokenrouter_backend.serving.tensors import config_parameters, error_response
@@ -92,12 +93,14 @@ class RouterModel:
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
         self.defaults = RouterDefaults.from_config(config_parameters(args))
-        self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
+        self.ops = Operations(config_parameters(args), self.defaults, metric_family(pb_utils),
+                              warn=pb_utils.Logger.log_warn)
         self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
         self.gate = AdmissionGate(dataclass_from_config(GateConfig, config_parameters(args)))
         self.branch_auth = key_parameters(load_key(Path(args["model_repository"])))
         timeout_ms = int(self.defaults.branch_timeout_s * 1000)
-        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms,
+        self.exec_bls = bls_exec(pb_utils)
+        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, self.exec_bls, timeout_ms,
                                              parameters=self.branch_auth), self.ops.costs.light)
         self.pool_config = dataclass_from_config(PoolConfig, config_parameters(args), prefix="heavy_pool_")
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
@@ -124,7 +127,7 @@ class RouterModel:
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
         urls = parse_heavy_urls(resolve_heavy_url(self.defaults.heavy_url))
         if not urls:
-            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms, parameters=self.branch_auth)
+            return BlsBranch(HEAVY, self.defaults.heavy_model, self.exec_bls, timeout_ms, parameters=self.branch_auth)
         self.logger.log_info(f"router: heavy branch is remote at {', '.join(urls)}")
         if len(urls) == 1:
             return RemoteBranch(HEAVY, urls[0], model=self.defaults.heavy_model,
