@@ -32,34 +32,43 @@ def glue(monkeypatch):
     sys.modules.pop("tokenrouter_backend.serving.branch_model", None)
 
 
-def test_parse_params_defaults_and_errors(glue):
-    p = glue.parse_params({"device": "cpu", "intra_op_threads": "2", "max_draft_len": "8",
-                           "session_ttl_s": "30", "kv_cache_budget_mb": "64"}, "light")
+def test_branch_params_defaults_and_errors(glue):
+    parse = glue.BranchParams.from_config
+    p = parse({"device": "cpu", "intra_op_threads": "2", "max_draft_len": "8",
+               "session_ttl_s": "30", "kv_cache_budget_mb": "64"}, "light")
     assert (p.onnx_dir, p.device, p.intra_op_threads) == (".", "cpu", 2)
     assert (p.engine.max_draft_len, p.engine.session_ttl_s, p.engine.kv_cache_budget_mb) == (8, 30.0, 64.0)
-    assert glue.parse_params({}, "heavy").engine == glue.EngineConfig()
-    default = glue.parse_params({}, "heavy")
+    assert parse({}, "heavy") == glue.BranchParams() and parse({}, "heavy").engine == glue.EngineConfig()
+    default = parse({}, "heavy")
     assert (default.intra_op_spinning, default.share_cores, default.core_wait_ms, default.core_slice_ms) == \
         (True, False, 1000.0, 500.0)
-    knobs = glue.parse_params({"intra_op_spinning": "false", "share_cores": "true", "core_wait_ms": "50",
-                               "core_slice_ms": "0"}, "light")
+    knobs = parse({"intra_op_spinning": "false", "share_cores": "true", "core_wait_ms": "50",
+                   "core_slice_ms": "0"}, "light")
     assert (knobs.intra_op_spinning, knobs.share_cores, knobs.core_wait_ms, knobs.core_slice_ms) == \
         (False, True, 50.0, 0.0)
     assert default.engine.lone_decode_steps
-    assert not glue.parse_params({"lone_decode_steps": "false"}, "light").engine.lone_decode_steps
-    bad = [({"device": "${heavy_device}"}, r"heavy: parameter 'device' is the unfilled placeholder"),
-           ({"intra_op_threads": "two"}, r"'intra_op_threads' must be a int, got 'two'"),
-           ({"max_draft_len": "-1"}, r"'max_draft_len' must be >= 0"),
-           ({"device": "tpu"}, r"'device' must be one of cpu, cuda, tensorrt, got 'tpu'"),
-           ({"intra_op_spinning": "maybe"}, r"'intra_op_spinning' must be true or false, got 'maybe'"),
-           ({"share_cores": "sometimes"}, r"'share_cores' must be true or false, got 'sometimes'"),
-           ({"core_wait_ms": "-1"}, r"'core_wait_ms' must be >= 0"),
-           ({"core_slice_ms": "-5"}, r"'core_slice_ms' must be >= 0"),
-           ({"lone_decode_steps": "often"}, r"'lone_decode_steps' must be true or false, got 'often'"),
-           ({"colour": "red"}, r"unknown parameter 'colour'")]
+    assert not parse({"lone_decode_steps": "false"}, "light").engine.lone_decode_steps
+    every = {"max_batch": "4", "max_forward_tokens": "64", "prefix_cache": "off", "prefix_cache_block_tokens": "16",
+             "kv_sink_tokens": "0", "onnx_dir": "onnx", "hf_dir": "w"}
+    engine = parse(every, "light").engine
+    assert (engine.max_batch, engine.max_forward_tokens, engine.prefix_cache, engine.prefix_cache_block_tokens,
+            engine.kv_sink_tokens) == (4, 64, False, 16, 0)
+    bad = [({"device": "${heavy_device}"}, r"heavy: config parameter device is the unfilled placeholder"),
+           ({"intra_op_threads": "two"}, r"heavy: config parameter intra_op_threads must be int; got 'two'"),
+           ({"intra_op_threads": "-1"}, r"config parameter intra_op_threads must be >= 0; got '-1'"),
+           ({"max_draft_len": "-1"}, r"config parameter max_draft_len must be >= 0; got '-1'"),
+           ({"session_ttl_s": "0"}, r"config parameter session_ttl_s must be >= 0.001; got '0'"),
+           ({"max_batch": "0"}, r"config parameter max_batch must be >= 1; got '0'"),
+           ({"device": "tpu"}, r"config parameter device must be one of cpu, cuda, tensorrt; got 'tpu'"),
+           ({"intra_op_spinning": "maybe"}, r"config parameter intra_op_spinning must be true or false; got 'maybe'"),
+           ({"share_cores": "sometimes"}, r"config parameter share_cores must be true or false; got 'sometimes'"),
+           ({"core_wait_ms": "-1"}, r"config parameter core_wait_ms must be >= 0.0; got '-1'"),
+           ({"core_slice_ms": "-5"}, r"config parameter core_slice_ms must be >= 0.0; got '-5'"),
+           ({"lone_decode_steps": "often"}, r"config parameter lone_decode_steps must be true or false; got 'often'"),
+           ({"colour": "red"}, r"heavy: unknown config parameter 'colour' \(known: core_slice_ms, ")]
     for raw, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            glue.parse_params(raw, "heavy")
+            parse(raw, "heavy")
 
 
 ALL_OUTPUTS = tuple(TENSOR_OUTPUTS.values())
@@ -163,16 +172,18 @@ def test_initialize_without_any_branch_key_fails(glue, tiny_qwen_dir, tmp_path, 
         glue.TritonPythonModel().initialize(args)
 
 
-def test_parse_params_runtime(glue):
-    assert glue.parse_params({}, "heavy").runtime == "onnx"  # documented default
-    p = glue.parse_params({"runtime": "torch", "device": "cuda", "dtype": "float16", "hf_dir": "w"}, "heavy")
+def test_branch_params_runtime(glue):
+    parse = glue.BranchParams.from_config
+    assert parse({}, "heavy").runtime == "onnx"  # documented default
+    p = parse({"runtime": "torch", "device": "cuda", "dtype": "float16", "hf_dir": "w"}, "heavy")
     assert (p.runtime, p.device, p.dtype, p.hf_dir) == ("torch", "cuda", "float16", "w")
-    bad = [({"runtime": "tensorflow"}, r"'runtime' must be one of onnx, torch, got 'tensorflow'"),
-           ({"runtime": "torch", "device": "tensorrt"}, r"'device' must be one of cpu, cuda, got 'tensorrt'"),
-           ({"dtype": "int8"}, r"'dtype' must be one of auto, float16, float32, bfloat16, got 'int8'")]
+    bad = [({"runtime": "tensorflow"}, r"config parameter runtime must be one of onnx, torch; got 'tensorflow'"),
+           ({"runtime": "torch", "device": "tensorrt"}, r"config parameter device must be one of cpu, cuda; "
+                                                        r"got 'tensorrt'"),
+           ({"dtype": "int8"}, r"config parameter dtype must be one of auto, float16, float32, bfloat16; got 'int8'")]
     for raw, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            glue.parse_params(raw, "heavy")
+            parse(raw, "heavy")
 
 
 def test_execute_on_the_torch_runtime(glue, tmp_path, tiny_repository):  # builds the tiny pair

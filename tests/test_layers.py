@@ -2,8 +2,9 @@
 
 Every import in ``tokenrouter_backend`` — module level and lazy (inside functions) alike — is
 read with ``ast``; a layer may import only the layers listed for it below, ``core/`` imports
-no framework, only ``serving/`` touches Triton's ``pb_utils``, and no two modules import each
-other in a cycle, however long.
+no framework, only ``serving/`` touches Triton's ``pb_utils`` (imports it, or names it at
+all: what the layers below need from it comes in as plain callables), and no two modules
+import each other in a cycle, however long.
 """
 from __future__ import annotations
 
@@ -122,6 +123,37 @@ def test_core_imports_no_framework_and_only_serving_touches_pb_utils():
             if top == PB_UTILS and layer != "serving":
                 wrong.append(f"{module_name(path)} -> {target} (only serving/ touches pb_utils)")
     assert not wrong, "\n".join(wrong)
+
+
+BACKEND_UTILS_NAMES = {"pb_utils", "pb"}  # how the glue names the Python backend's utilities
+
+
+def backend_utils_names(text: str) -> list[str]:
+    """Where ``text`` names the backend utilities: the word ``pb_utils`` anywhere (docstrings
+    and comments too), or ``pb`` as a parameter, variable, attribute, keyword or import alias."""
+    found = [f"line {n}: pb_utils" for n, line in enumerate(text.splitlines(), 1) if "pb_utils" in line]
+    for node in ast.walk(ast.parse(text)):
+        name = {ast.arg: "arg", ast.Name: "id", ast.Attribute: "attr", ast.keyword: "arg", ast.alias: "asname",
+                ast.FunctionDef: "name", ast.AsyncFunctionDef: "name", ast.ClassDef: "name"}.get(type(node))
+        if name is not None and getattr(node, name) == "pb":
+            found.append(f"line {getattr(node, 'lineno', '?')}: pb")
+    return found
+
+
+def test_only_serving_names_the_backend_utils():
+    wrong = []
+    for path in sources():
+        if layer_of(module_name(path)) != "serving":
+            wrong += [f"{module_name(path)} {where}" for where in backend_utils_names(path.read_text())]
+    assert not wrong, "only serving/ names Triton's backend utilities:\n" + "\n".join(sorted(wrong))
+
+
+@pytest.mark.parametrize("source", [
+    "def f(pb_utils):\n    pass", "def f(pb):\n    pass", "x = self.pb.Tensor", "pb = make()", "f(pb=1)",
+    "import numpy as pb", '"""Needs pb_utils."""', "x = 1  # pb_utils",
+])
+def test_the_backend_utils_check_sees_every_spelling(source):
+    assert backend_utils_names(source)
 
 
 def test_no_import_cycle():

@@ -1,9 +1,11 @@
-"""Router metrics: declarations, per-request updates adding up to routing_stats, stub pb_utils."""
+"""Router metrics: declarations, per-request updates adding up to routing_stats, stub metric families."""
 from __future__ import annotations
 
 import asyncio
 import re
 import time
+
+import pytest
 
 from support.fakes import StubFamily, make_pair
 from support.ops_helpers import PROMPTS
@@ -11,10 +13,6 @@ from tokenrouter_backend.core.block_loop import GenerationRequest, generate
 from tokenrouter_backend.core.params import RouterDefaults
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
-
-
-class StubPb:
-    MetricFamily = StubFamily
 
 
 def test_specs_are_well_formed():
@@ -56,7 +54,7 @@ def total(name, **labels):
 
 def test_counters_add_up_to_request_stats():
     StubFamily.created = {}
-    ops = Operations({}, RouterDefaults(), StubPb)
+    ops = Operations({}, RouterDefaults(), StubFamily)
     stats = run_load(ops)
     wait_drained(ops.metrics)
     for mode in ("verify", "route", "heavy"):
@@ -77,7 +75,7 @@ def test_counters_add_up_to_request_stats():
 
 def test_failures_and_gauges():
     StubFamily.created = {}
-    ops = Operations({}, RouterDefaults(), StubPb)
+    ops = Operations({}, RouterDefaults(), StubFamily)
     ops.fail("verify", "none", "invalid")
     ops.fail("verify", "none", "invalid")
     wait_drained(ops.metrics)
@@ -89,7 +87,7 @@ def test_failures_and_gauges():
 
 def test_recording_never_blocks():
     StubFamily.created = {}
-    m = RouterMetrics(StubPb, queue_size=1)
+    m = RouterMetrics(StubFamily, queue_size=1)
     m.queue.put(None)  # the recorder thread stops; nothing drains the queue now
     m._thread.join()
     stats = run_load(Operations({"metrics": "false"}, RouterDefaults()), n=1)[0]
@@ -103,3 +101,18 @@ def test_updates_label_every_metric_by_arm():
     stats = run_load(Operations({"metrics": "false"}, RouterDefaults()), n=1)[0]
     for name, labels, _ in request_updates(stats, "token"):
         assert labels["arm"] == "token" and labels["mode"] == stats.mode, name
+
+
+def test_a_backend_without_histograms_gets_sum_and_count_counters():
+    StubFamily.created = {}
+
+    def no_histograms(name, description, kind):
+        return None if kind == HISTOGRAM else StubFamily(name, description, kind)
+
+    ops = Operations({}, RouterDefaults(), no_histograms)
+    stats = run_load(ops, n=2)
+    wait_drained(ops.metrics)
+    assert "tokenrouter_router_e2e_ms" not in StubFamily.created
+    assert total("tokenrouter_router_e2e_ms_count") == 2
+    assert total("tokenrouter_router_e2e_ms_sum") == pytest.approx(sum(s.total_ms for s in stats))
+    ops.close()

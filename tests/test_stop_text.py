@@ -123,8 +123,8 @@ def test_stream_holds_back_only_a_possible_stop_start(mode, knobs):
 def test_router_request_stop_words_need_a_tokenizer():
     from tokenrouter_backend.serving.request import stop_text
 
-    words = np.array([[b"ab", b"c"]], dtype=np.object_)
-    assert stop_text(None, decode) is None
+    words = (b"ab", b"c")  # as RouterInputs holds them
+    assert stop_text((), decode) is None
     assert stop_text(words, decode).strings == ("ab", "c")
     with pytest.raises(InvalidRequest, match="router's tokenizer"):
         stop_text(words, None)

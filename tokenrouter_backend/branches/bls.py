@@ -1,8 +1,15 @@
 """``Branch`` over Triton BLS: the router calls the heavy/light models inside the server.
 
-``pb_utils`` is passed in (not imported) so this module imports without Triton.
+The BLS call comes in as a plain coroutine function (``ExecBls``: model name, input arrays,
+request parameters, timeout -> ``BlsAnswer``), built from the Python backend's utilities by
+``serving/backend.py``, so this module imports and runs without Triton.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Mapping
+
+import numpy as np
 
 from tokenrouter_backend.core.branch import Branch
 from tokenrouter_backend.core.branch_protocol import (
@@ -14,36 +21,35 @@ from tokenrouter_backend.core.branch_protocol import (
 )
 
 
-class BlsBranch(Branch):
-    """One branch model reached with ``InferenceRequest.async_exec()``."""
+def _no_output(name: str) -> None:
+    return None
 
-    def __init__(self, name: str, model_name: str, pb_utils, timeout_ms: int = 0,
+
+@dataclass(frozen=True)
+class BlsAnswer:
+    """One BLS response as plain Python: its error message, or its output arrays by name."""
+
+    error: str | None = None  # the response's error message; None: it answered
+    output: Callable[[str], np.ndarray | None] = _no_output  # an output's array; None when absent
+
+
+# (model name, input arrays by name, request parameters, timeout in ms; 0 = none) -> the answer
+ExecBls = Callable[[str, Mapping[str, np.ndarray], Mapping[str, str], int], Awaitable[BlsAnswer]]
+
+
+class BlsBranch(Branch):
+    """One branch model reached with a BLS call (``InferenceRequest.async_exec()``)."""
+
+    def __init__(self, name: str, model_name: str, exec_bls: ExecBls, timeout_ms: int = 0,
                  parameters: dict[str, str] | None = None):
         self.name = name
         self.parameters = dict(parameters or {})  # request parameters: the branch key
         self.model_name = model_name
-        self.pb_utils = pb_utils
+        self.exec_bls = exec_bls
         self.timeout_ms = timeout_ms  # 0 = no BLS timeout
-        # no requested outputs: Triton returns every output the branch's config declares, so a
-        # branch of a repository exported before an optional output existed still answers
-        # (requesting an undeclared output fails the request); result_from_arrays defaults it
-        self._outputs: list[str] = []
 
     async def step(self, op: BranchOp) -> BranchResult:
-        pb = self.pb_utils
-        inputs = [pb.Tensor(name, value) for name, value in op_to_arrays(op).items()]
-        kwargs = {"timeout": self.timeout_ms * 1000} if self.timeout_ms else {}
-        if self.parameters:
-            kwargs["parameters"] = self.parameters
-        request = pb.InferenceRequest(
-            model_name=self.model_name, inputs=inputs, requested_output_names=self._outputs, **kwargs
-        )
-        response = await request.async_exec()
-        if response.has_error():
-            raise decode_error(f"{self.name} branch ({self.model_name}): {response.error().message()}")
-
-        def get(name):
-            tensor = pb.get_output_tensor_by_name(response, name)
-            return None if tensor is None else tensor.as_numpy()
-
-        return result_from_arrays(get)
+        answer = await self.exec_bls(self.model_name, op_to_arrays(op), self.parameters, self.timeout_ms)
+        if answer.error is not None:
+            raise decode_error(f"{self.name} branch ({self.model_name}): {answer.error}")
+        return result_from_arrays(answer.output)

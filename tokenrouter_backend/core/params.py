@@ -7,7 +7,10 @@ value and what is allowed — never a silent fallback.
 
 Every config.pbtxt ``parameters`` string of this project (router, operations, branch
 models, preprocessing) is converted by ``parse_config_value``: one truthy set, one
-int/float rule.
+int/float rule. A config dataclass (the router's, operations', a branch model's) is read by
+``dataclass_from_config``: its fields' defaults are the documented defaults, ``ConfigCheck``
+adds bounds or allowed names, and every bad value is reported by ``config_error`` in one
+wording.
 """
 from __future__ import annotations
 
@@ -227,7 +230,18 @@ def parse_config_value(text: str, kind: type) -> Any:
     return text
 
 
-def config_value(parameters: Mapping[str, str], key: str, kind: type, default: Any) -> Any:
+def config_error(key: str, allowed: str, got: Any, model: str = "") -> InvalidRequest:
+    """The one wording of a bad config.pbtxt parameter: its name, what it allows, what it got
+    (``model``: the model whose config it is, for models that say so)."""
+    where = f"{model}: " if model else ""
+    return InvalidRequest(f"{where}config parameter {key} must be {allowed}; got {got!r}")
+
+
+def _kind_words(kind: type) -> str:
+    return "true or false" if kind is bool else kind.__name__
+
+
+def config_value(parameters: Mapping[str, str], key: str, kind: type, default: Any, model: str = "") -> Any:
     """A config.pbtxt parameter as ``kind``; absent or empty -> ``default``.
 
     A malformed value raises ``InvalidRequest`` naming the parameter.
@@ -237,16 +251,73 @@ def config_value(parameters: Mapping[str, str], key: str, kind: type, default: A
     try:
         return parse_config_value(parameters[key], kind)
     except ValueError as exc:
-        text = parameters[key].strip()
-        raise InvalidRequest(f"config parameter {key} must be {kind.__name__}; got {text!r}") from exc
+        raise config_error(key, _kind_words(kind), parameters[key].strip(), model) from exc
 
 
-def dataclass_from_config(cls, parameters: Mapping[str, str], prefix: str = ""):
+@dataclass(frozen=True)
+class ConfigCheck:
+    """What one config parameter allows beyond its type: a lower bound, or a set of names."""
+
+    low: float | None = None  # the smallest value allowed
+    choices: tuple[str, ...] = ()  # the names allowed (empty: any)
+
+    def check(self, key: str, value: Any, text: str, model: str = "") -> None:
+        if self.low is not None and value < self.low:
+            raise config_error(key, f">= {self.low}", text, model)
+        if self.choices and value not in self.choices:
+            raise config_error(key, "one of " + ", ".join(self.choices), text, model)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def config_keys(cls, prefix: str = "") -> set[str]:
+    """Every parameter name ``dataclass_from_config(cls, ..., prefix)`` reads."""
+    keys = set()
+    for f in dataclasses.fields(cls):
+        default = _field_default(f)
+        keys |= config_keys(type(default), prefix) if dataclasses.is_dataclass(default) else {prefix + f.name}
+    return keys
+
+
+def dataclass_from_config(cls, parameters: Mapping[str, str], prefix: str = "", *,
+                          checks: Mapping[str, ConfigCheck] | None = None, model: str = "", strict: bool = False):
     """A frozen config dataclass from config.pbtxt parameters named ``prefix + field``.
 
     Each field is read with ``config_value`` as the type of its default; absent or empty
-    keys keep the default.
+    keys keep the default. A field whose default is itself a dataclass is read the same way
+    from the same parameters (its fields are parameters of their own). ``checks`` (by
+    parameter name) adds a lower bound or the allowed names. ``strict``: every parameter
+    must name a field and none may be an unfilled ``${...}`` placeholder (a model whose
+    parameters are all read here; the router's are shared by several dataclasses, so it
+    ignores the keys one does not read). Errors are ``InvalidRequest`` naming the
+    parameter (and ``model``, when given).
     """
-    values = {f.name: config_value(parameters, prefix + f.name, type(getattr(cls, f.name)), _ABSENT)
-              for f in dataclasses.fields(cls)}
-    return cls(**{name: value for name, value in values.items() if value is not _ABSENT})
+    if strict:
+        known = config_keys(cls, prefix)
+        where = f"{model}: " if model else ""
+        for key, text in parameters.items():
+            if key not in known:
+                raise InvalidRequest(f"{where}unknown config parameter {key!r} (known: {', '.join(sorted(known))})")
+            if "${" in text:
+                raise InvalidRequest(f"{where}config parameter {key} is the unfilled placeholder {text!r}; "
+                                     "run the exporter to fill the repository")
+    return _from_config(cls, parameters, prefix, checks or {}, model)
+
+
+def _from_config(cls, parameters: Mapping[str, str], prefix: str, checks: Mapping[str, ConfigCheck], model: str):
+    values = {}
+    for f in dataclasses.fields(cls):
+        default = _field_default(f)
+        if dataclasses.is_dataclass(default):
+            values[f.name] = _from_config(type(default), parameters, prefix, checks, model)
+            continue
+        key = prefix + f.name
+        value = config_value(parameters, key, type(default), _ABSENT, model)
+        if value is _ABSENT:
+            continue
+        if key in checks:
+            checks[key].check(key, value, parameters[key].strip(), model)
+        values[f.name] = value
+    return cls(**values)

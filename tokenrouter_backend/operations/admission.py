@@ -3,7 +3,8 @@
 ``Operations`` is built once from the router's config.pbtxt parameters and holds the
 server-wide pieces: metrics, decision log, override watcher, load controller and the
 conservative start. ``admit`` decides a request's mode and arm and builds its hooks;
-``finish``/``fail`` record it. No pb_utils import: the metrics recorder gets it injected.
+``finish``/``fail`` record it. Nothing here touches Triton: the metric families come from a
+``new_family`` callable and warnings go to a ``warn`` callable, both built by the router glue.
 
 Mode precedence: roll-back switch (override file) > client's explicit ``router_mode`` >
 A/B arm (``request`` arm runs heavy) > configured ``mode``.
@@ -14,7 +15,7 @@ import dataclasses
 import itertools
 import secrets
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate, with_prior
 from tokenrouter_backend.core.hooks import Action, BlockPlan, BlockRecord
@@ -90,8 +91,10 @@ class Admission:
 
 
 class Operations:
-    def __init__(self, parameters: Mapping[str, str], defaults: RouterDefaults, pb_utils=None,
+    def __init__(self, parameters: Mapping[str, str], defaults: RouterDefaults,
+                 new_family: Callable[[str, str, str], Any] | None = None,
                  warn: Callable[[str], None] = lambda m: None):
+        """``new_family``: makes the metric families (``operations/metrics.py``); None = no metrics."""
         self.config = dataclass_from_config(OpsConfig, parameters)
         self.load_config = dataclass_from_config(LoadConfig, parameters, "load_")
         self.dynamic_config = dataclass_from_config(DynamicConfig, parameters, "dynamic_threshold_")
@@ -111,9 +114,9 @@ class Operations:
         self.metrics = None
         self._anonymous = (f"anon-{secrets.token_hex(4)}-{n}" for n in itertools.count())  # ids for id-less requests
         self._dropped_seen = {"log": 0, "metrics": 0}  # drop counts already sent to metrics
-        if c.metrics and pb_utils is not None:
+        if c.metrics and new_family is not None:
             from tokenrouter_backend.operations.metrics import RouterMetrics  # noqa: PLC0415 - only with a server
-            self.metrics = RouterMetrics(pb_utils)
+            self.metrics = RouterMetrics(new_family)
 
     def admit(self, info: RequestInfo, params: RouterParams) -> Admission:
         forced = self.override.mode() if self.override else None

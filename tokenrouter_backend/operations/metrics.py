@@ -2,8 +2,10 @@
 
 The block loop only fills ``RequestStats``; at request end the router glue hands the
 stats to ``RouterMetrics.record_request``, which queues them. A recorder thread turns
-them into counter increments / histogram observations through ``pb_utils`` (each of
-those is an IPC to the server process), so recording never blocks a request.
+them into counter increments / histogram observations on Triton's metric families (each
+of those is an IPC to the server process), so recording never blocks a request. The
+families come from a plain ``new_family(name, description, kind)`` callable the router
+glue builds (``serving/backend.py``), so this module runs without Triton.
 
 Labels are low-cardinality: ``mode`` (heavy|light|verify|route), ``arm`` (see
 ``ab.ARMS``), ``branch`` (heavy|light), ``finish_reason`` (length|end_id|stop_words|
@@ -17,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from tokenrouter_backend.core.names import HEAVY, LIGHT, Source
 from tokenrouter_backend.core.stats import RequestStats
@@ -189,11 +192,16 @@ class SumCount:
         self.count.increment(1)
 
 
+# (name, description, kind: COUNTER | GAUGE | HISTOGRAM) -> a metric family; None for a
+# kind the backend lacks (a histogram then becomes <name>_sum / <name>_count counters)
+NewFamily = Callable[[str, str, str], Any]
+
+
 class RouterMetrics:
     """Families created once at model start; updates applied by a recorder thread."""
 
-    def __init__(self, pb_utils, queue_size: int = QUEUE_SIZE):
-        self.pb = pb_utils
+    def __init__(self, new_family: NewFamily, queue_size: int = QUEUE_SIZE):
+        self.new_family = new_family
         self.families = {spec.name: self._family(spec) for spec in SPECS}
         self.metrics: dict = {}  # (name, sorted labels) -> Metric, created on first use
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -202,12 +210,12 @@ class RouterMetrics:
         self._thread.start()
 
     def _family(self, spec: MetricSpec):
-        fam = self.pb.MetricFamily
-        if spec.kind == HISTOGRAM and not hasattr(fam, "HISTOGRAM"):
-            return (fam(spec.name + "_sum", spec.description + " (sum)", fam.COUNTER),
-                    fam(spec.name + "_count", spec.description + " (count)", fam.COUNTER))
-        kind = {COUNTER: fam.COUNTER, GAUGE: fam.GAUGE, HISTOGRAM: getattr(fam, "HISTOGRAM", None)}[spec.kind]
-        return fam(spec.name, spec.description, kind)
+        new = self.new_family
+        family = new(spec.name, spec.description, spec.kind)
+        if family is None and spec.kind == HISTOGRAM:
+            return (new(spec.name + "_sum", spec.description + " (sum)", COUNTER),
+                    new(spec.name + "_count", spec.description + " (count)", COUNTER))
+        return family
 
     def submit(self, updates: list[Update]) -> None:
         """Queue updates; never blocks (dropped and counted when the queue is full)."""

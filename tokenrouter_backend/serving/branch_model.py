@@ -1,27 +1,29 @@
 """Triton glue of the branch models ``heavy`` and ``light`` (Python backend, non-decoupled).
 
 ``model_repository/{heavy,light}/1/model.py`` is one line importing ``TritonPythonModel``.
-``initialize`` parses config.pbtxt ``parameters`` once (``parse_params``) and loads the model
-(``runtime`` onnx: ``OnnxCausalLM``; torch: ``TorchCausalLM``, KV kept on its device);
-``execute`` turns every request Triton batched into a ``BranchOp``, runs the engine
-ONCE for all of them and answers each request with its result or its own error. Sessions
-live in this instance: keep ``instance_group { count: 1 }``.
+``initialize`` parses config.pbtxt ``parameters`` once (``BranchParams.from_config``) and
+loads the model (``runtime`` onnx: ``OnnxCausalLM``; torch: ``TorchCausalLM``, KV kept on
+its device); ``execute`` turns every request Triton batched into a ``BranchOp``, runs the
+engine ONCE for all of them and answers each request with its result or its own error.
+Sessions live in this instance: keep ``instance_group { count: 1 }``.
 """
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import triton_python_backend_utils as pb_utils
 
 from tokenrouter_backend.core.branch_auth import BranchGuard, load_key
 from tokenrouter_backend.core.branch_protocol import encode_error, op_from_arrays, result_to_arrays
-from tokenrouter_backend.core.params import parse_config_value
+from tokenrouter_backend.core.params import ConfigCheck, config_error, dataclass_from_config
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.onnx_lm import OrtThreading
-from tokenrouter_backend.operations.metrics import SumCount
+from tokenrouter_backend.operations.metrics import COUNTER, GAUGE, HISTOGRAM, SumCount
+from tokenrouter_backend.serving.backend import metric_family
 from tokenrouter_backend.serving.tensors import config_outputs, config_parameters
 
 DEVICES = ("cpu", "cuda", "tensorrt")
@@ -34,7 +36,12 @@ FORWARD_MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
 
 @dataclass(frozen=True)
 class BranchParams:
-    """config.pbtxt parameters of a branch model (defaults apply to absent keys)."""
+    """config.pbtxt parameters of a branch model (defaults apply to absent or empty keys).
+
+    Read by ``core.params.dataclass_from_config``, the router's parser: the engine's knobs
+    (``EngineConfig``) are parameters of their own, every key must name a field, and
+    ``CHECKS`` bounds the numbers and names the allowed values (``device``: by ``runtime``).
+    """
 
     onnx_dir: str = "."  # relative to the version directory: where model.onnx/model.json live
     device: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider; torch: cpu | cuda)
@@ -48,69 +55,31 @@ class BranchParams:
     dtype: str = "auto"  # torch runtime: auto | float16 | float32 | bfloat16
     engine: EngineConfig = field(default_factory=EngineConfig)
 
+    @classmethod
+    def from_config(cls, parameters: Mapping[str, str], model: str) -> "BranchParams":
+        """Parse config.pbtxt parameters; raises InvalidRequest naming the model, the parameter
+        and what it allows."""
+        params = dataclass_from_config(cls, parameters, checks=CHECKS, model=model, strict=True)
+        devices = TORCH_DEVICES if params.runtime == "torch" else DEVICES
+        if params.device not in devices:
+            raise config_error("device", "one of " + ", ".join(devices), params.device, model)
+        return params
 
-def parse_params(raw: dict[str, str], branch: str) -> BranchParams:
-    """Branch parameters (values converted by ``parse_config_value``); raises ValueError naming the key and value."""
-    known = {"onnx_dir", "device", "intra_op_threads", "intra_op_spinning", "share_cores", "core_wait_ms",
-             "core_slice_ms",
-             "max_draft_len", "session_ttl_s",
-             "kv_cache_budget_mb", "max_batch", "max_forward_tokens", "runtime", "hf_dir", "dtype",
-             "prefix_cache", "prefix_cache_block_tokens", "kv_sink_tokens", "lone_decode_steps"}
-    for key, value in raw.items():
-        if key not in known:
-            raise ValueError(f"{branch}: unknown parameter '{key}' (known: {', '.join(sorted(known))})")
-        if "${" in value:
-            raise ValueError(f"{branch}: parameter '{key}' is the unfilled placeholder {value!r}; "
-                             "run the exporter to fill the repository")
 
-    def num(key, kind, default, low):
-        if key not in raw:
-            return default
-        try:
-            value = parse_config_value(raw[key], kind)
-        except ValueError:
-            raise ValueError(f"{branch}: parameter '{key}' must be a {kind.__name__}, got {raw[key]!r}") from None
-        if value < low:
-            raise ValueError(f"{branch}: parameter '{key}' must be >= {low}, got {raw[key]!r}")
-        return value
-
-    def flag(key, default):
-        if key not in raw:
-            return default
-        try:
-            return parse_config_value(raw[key], bool)
-        except ValueError:
-            raise ValueError(f"{branch}: parameter '{key}' must be true or false, got {raw[key]!r}") from None
-
-    def choice(key, default, allowed):
-        value = raw.get(key, default)
-        if value not in allowed:
-            raise ValueError(f"{branch}: parameter '{key}' must be one of {', '.join(allowed)}, got {value!r}")
-        return value
-
-    runtime = choice("runtime", "onnx", RUNTIMES)
-    device = choice("device", "cpu", TORCH_DEVICES if runtime == "torch" else DEVICES)
-    dtype = choice("dtype", "auto", DTYPES)
-    d = EngineConfig()
-    engine = EngineConfig(
-        max_draft_len=num("max_draft_len", int, d.max_draft_len, 0),
-        session_ttl_s=num("session_ttl_s", float, d.session_ttl_s, 1e-3),
-        kv_cache_budget_mb=num("kv_cache_budget_mb", float, d.kv_cache_budget_mb, 1e-3),
-        max_batch=num("max_batch", int, d.max_batch, 1),
-        max_forward_tokens=num("max_forward_tokens", int, d.max_forward_tokens, 1),
-        prefix_cache=flag("prefix_cache", d.prefix_cache),
-        prefix_cache_block_tokens=num("prefix_cache_block_tokens", int, d.prefix_cache_block_tokens, 1),
-        kv_sink_tokens=num("kv_sink_tokens", int, d.kv_sink_tokens, 0),
-        lone_decode_steps=flag("lone_decode_steps", d.lone_decode_steps),
-    )
-    b = BranchParams()
-    return BranchParams(onnx_dir=raw.get("onnx_dir", "."), device=device,
-                        intra_op_threads=num("intra_op_threads", int, 0, 0),
-                        intra_op_spinning=flag("intra_op_spinning", b.intra_op_spinning),
-                        share_cores=flag("share_cores", b.share_cores),
-                        core_wait_ms=num("core_wait_ms", float, b.core_wait_ms, 0.0),
-                        core_slice_ms=num("core_slice_ms", float, b.core_slice_ms, 0.0), runtime=runtime,
-                        hf_dir=raw.get("hf_dir", "hf"), dtype=dtype, engine=engine)
+CHECKS = {  # device: by runtime, in from_config
+    "runtime": ConfigCheck(choices=RUNTIMES),
+    "dtype": ConfigCheck(choices=DTYPES),
+    "intra_op_threads": ConfigCheck(low=0),
+    "core_wait_ms": ConfigCheck(low=0.0),
+    "core_slice_ms": ConfigCheck(low=0.0),
+    "max_draft_len": ConfigCheck(low=0),
+    "session_ttl_s": ConfigCheck(low=1e-3),
+    "kv_cache_budget_mb": ConfigCheck(low=1e-3),
+    "max_batch": ConfigCheck(low=1),
+    "max_forward_tokens": ConfigCheck(low=1),
+    "prefix_cache_block_tokens": ConfigCheck(low=1),
+    "kv_sink_tokens": ConfigCheck(low=0),
+}
 
 
 def load_model(params: BranchParams, version_dir: Path):
@@ -129,14 +98,17 @@ def load_model(params: BranchParams, version_dir: Path):
                         threading=threading), model_dir
 
 
-def _family(name: str, description: str, kind):
-    """A MetricFamily kept alive in _FAMILIES: pb_utils refuses Metrics whose family was freed."""
-    family = pb_utils.MetricFamily(name, description, kind)
-    _FAMILIES.append(family)
+def _family(name: str, description: str, kind: str):
+    """A MetricFamily kept alive in _FAMILIES: pb_utils refuses Metrics whose family was freed;
+    None for a kind the backend lacks."""
+    family = _new_family(name, description, kind)
+    if family is not None:
+        _FAMILIES.append(family)
     return family
 
 
 _FAMILIES: list = []
+_new_family = metric_family(pb_utils)
 
 
 class BranchMetrics:
@@ -144,19 +116,18 @@ class BranchMetrics:
 
     def __init__(self, branch: str):
         labels = {"branch": branch}
-        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.sessions = _family("tokenrouter_kv_sessions", "Live KV-cache sessions of a branch model",
-                                gauge).Metric(labels)
+                                GAUGE).Metric(labels)
         self.kv_bytes = _family("tokenrouter_kv_bytes", "Bytes held by a branch model's live KV-cache sessions "
-                                "(private tails and the prefix blocks they share)", gauge).Metric(labels)
+                                "(private tails and the prefix blocks they share)", GAUGE).Metric(labels)
         self.cache = PrefixCacheMetrics(labels)
         self.kv_peak = _family("tokenrouter_kv_peak_bytes", "Most bytes a branch model's KV cache held at once",
-                               gauge).Metric(labels)
+                               GAUGE).Metric(labels)
         self.forward_tokens_max = _family("tokenrouter_branch_forward_tokens_max",
                                           "Most padded tokens one forward of a branch model carried",
-                                          gauge).Metric(labels)
+                                          GAUGE).Metric(labels)
         dropped = _family("tokenrouter_kv_dropped_sessions_total",
-                          "Sessions dropped without release (ttl) or refused at creation (budget)", counter)
+                          "Sessions dropped without release (ttl) or refused at creation (budget)", COUNTER)
         self.dropped = {r: dropped.Metric({**labels, "reason": r}) for r in ("ttl", "budget")}
         self._seen = {"ttl": 0, "budget": 0}
         self.batch = _histogram("tokenrouter_branch_batch_size", "Sessions per batched forward",
@@ -186,16 +157,15 @@ class BranchMetrics:
 
 def turn_metrics(labels: dict) -> TotalsAsCounters:
     """Counters of a branch's turns on the CPU cores (labels {branch}; ``share_cores``)."""
-    counter = pb_utils.MetricFamily.COUNTER
     return TotalsAsCounters({
         "turns": _family("tokenrouter_branch_core_turns_total",
-                         "Forwards of a branch that ran holding the turn on the CPU cores", counter).Metric(labels),
+                         "Forwards of a branch that ran holding the turn on the CPU cores", COUNTER).Metric(labels),
         "overlaps": _family("tokenrouter_branch_core_overlaps_total",
                             "Forwards of a branch that ran beside the other branch's after core_wait_ms",
-                            counter).Metric(labels),
+                            COUNTER).Metric(labels),
         "waited_ms": _family("tokenrouter_branch_core_wait_ms_total",
                              "Milliseconds a branch's forwards waited for their turn on the CPU cores",
-                             counter).Metric(labels),
+                             COUNTER).Metric(labels),
     })
 
 
@@ -203,18 +173,17 @@ class PrefixCacheMetrics:
     """Prometheus families of one branch's prefix cache (labels {branch})."""
 
     def __init__(self, labels: dict):
-        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.blocks = _family("tokenrouter_prefix_cache_blocks", "KV blocks in a branch's prefix cache "
-                              "(shared by live sessions or idle)", gauge).Metric(labels)
+                              "(shared by live sessions or idle)", GAUGE).Metric(labels)
         self.bytes = _family("tokenrouter_prefix_cache_bytes", "Bytes of a branch's prefix-cache blocks",
-                             gauge).Metric(labels)
+                             GAUGE).Metric(labels)
         self.counters = TotalsAsCounters({
             "lookup_tokens": _family("tokenrouter_prefix_cache_lookup_tokens_total",
-                                     "Input tokens of steps that looked for a cached prefix", counter).Metric(labels),
+                                     "Input tokens of steps that looked for a cached prefix", COUNTER).Metric(labels),
             "hit_tokens": _family("tokenrouter_prefix_cache_hit_tokens_total",
-                                  "Input tokens whose KV the prefix cache supplied", counter).Metric(labels),
+                                  "Input tokens whose KV the prefix cache supplied", COUNTER).Metric(labels),
             "evicted_blocks": _family("tokenrouter_prefix_cache_evicted_blocks_total",
-                                      "Idle prefix-cache blocks evicted for room", counter).Metric(labels),
+                                      "Idle prefix-cache blocks evicted for room", COUNTER).Metric(labels),
         })
 
     def record(self, cache) -> None:
@@ -240,12 +209,11 @@ class TotalsAsCounters:
 
 
 def _histogram(name: str, description: str, buckets: list, labels: dict):
-    kind = getattr(pb_utils.MetricFamily, "HISTOGRAM", None)
-    if kind is None:  # stubs without HISTOGRAM: counters <name>_sum / <name>_count
-        counter = pb_utils.MetricFamily.COUNTER
-        return SumCount(_family(f"{name}_sum", description + " (sum)", counter).Metric(labels),
-                        _family(f"{name}_count", description + " (count)", counter).Metric(labels))
-    return _family(name, description, kind).Metric(labels, buckets=buckets)
+    family = _family(name, description, HISTOGRAM)
+    if family is None:  # stubs without HISTOGRAM: counters <name>_sum / <name>_count
+        return SumCount(_family(f"{name}_sum", description + " (sum)", COUNTER).Metric(labels),
+                        _family(f"{name}_count", description + " (count)", COUNTER).Metric(labels))
+    return family.Metric(labels, buckets=buckets)
 
 
 class TritonPythonModel:
@@ -253,7 +221,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict) -> None:
         self.name = args["model_name"]
-        self.params = parse_params(config_parameters(args), self.name)
+        self.params = BranchParams.from_config(config_parameters(args), self.name)
         # a repository exported before an output existed does not declare it: leave it out
         # (the router takes such outputs as optional, branch_protocol.result_from_arrays)
         self.outputs = config_outputs(args)

@@ -1,12 +1,13 @@
 """Triton glue of the ``router`` model (Python backend, decoupled, async BLS).
 
-``execute`` starts one coroutine per request and returns; each coroutine runs the block
-loop against the heavy/light branches and streams final token ids (plus routing stats)
-to postprocessing (the final response says how many characters of its text a stop
-string began in: ``STOP_TRIM``). The router decodes with the tokenizer the exporter
-copied into ``router/1/tokenizer`` to match stop strings on text. Every request ends
-with exactly one COMPLETE_FINAL response: the last tokens, an error naming the field or
-branch, or a cancellation.
+``execute`` starts one coroutine per request and returns; each coroutine reads its
+request once (``router_inputs.RouterInputs``), runs the block loop against the heavy/light
+branches (BLS through ``backend.bls_exec``, or gRPC to a heavy server) and streams final
+token ids (plus routing stats) to postprocessing (the final response says how many
+characters of its text a stop string began in: ``STOP_TRIM``). The router decodes with
+the tokenizer the exporter copied into ``router/1/tokenizer`` to match stop strings on
+text. Every request ends with exactly one COMPLETE_FINAL response: the last tokens, an
+error naming the field or branch, or a cancellation.
 """
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ from tokenrouter_backend.core.stats import RequestStats
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
-from tokenrouter_backend.serving.request import parse_request
-from tokenrouter_backend.serving.request_info import request_info
-from tokenrouter_backend.serving.tensors import config_parameters, error_response, input_scalar
+from tokenrouter_backend.serving.backend import bls_exec, metric_family
+from tokenrouter_backend.serving.request import parse_request, request_info
+from tokenrouter_backend.serving.router_inputs import RouterInputs, read_router_request
+from tokenrouter_backend.serving.tensors import config_parameters, error_response
 from tokenrouter_backend.serving.text_models import find_tokenizer
 
 OUTPUT_IDS = "OUTPUT_IDS"
@@ -48,8 +50,6 @@ PREFIX_LEN = "PREFIX_LEN"
 IS_FINAL = "IS_FINAL"
 ROUTING_STATS = "ROUTING_STATS"
 STOP_TRIM = "STOP_TRIM"
-SHOW_ROUTING = "show_routing"  # optional BOOL input: the final routing_stats carry "routing" runs
-LEARNED_ROUTER = "learned_router"  # optional BOOL input: false = confidence rule though a router is loaded
 
 
 class ResponseWriter:
@@ -93,12 +93,14 @@ class RouterModel:
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
         self.defaults = RouterDefaults.from_config(config_parameters(args))
-        self.ops = Operations(config_parameters(args), self.defaults, pb_utils, warn=pb_utils.Logger.log_warn)
+        self.ops = Operations(config_parameters(args), self.defaults, metric_family(pb_utils),
+                              warn=pb_utils.Logger.log_warn)
         self.logger = pb_utils.Logger  # before _heavy_branch(), which logs a remote URL
         self.gate = AdmissionGate(dataclass_from_config(GateConfig, config_parameters(args)))
         self.branch_auth = key_parameters(load_key(Path(args["model_repository"])))
         timeout_ms = int(self.defaults.branch_timeout_s * 1000)
-        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, pb_utils, timeout_ms,
+        self.exec_bls = bls_exec(pb_utils)
+        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, self.exec_bls, timeout_ms,
                                              parameters=self.branch_auth), self.ops.costs.light)
         self.pool_config = dataclass_from_config(PoolConfig, config_parameters(args), prefix="heavy_pool_")
         self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
@@ -111,9 +113,9 @@ class RouterModel:
         self.inflight: set[asyncio.Task] = set()
         self.answers = AnswerCache(self.defaults.answer_cache_entries)  # the decision cache
 
-    def _gate_for(self, request):
+    def _gate_for(self, inputs: RouterInputs):
         """The server's route gate; input learned_router=false: the same without the learned router (A/B)."""
-        if input_scalar(self.pb, request, LEARNED_ROUTER) is False and self.route_gate.router is not None:
+        if inputs.learned_router is False and self.route_gate.router is not None:
             return self.plain_gate
         return self.route_gate
 
@@ -125,7 +127,7 @@ class RouterModel:
         """BLS to the heavy model here, or gRPC to a separate heavy server (heavy_url)."""
         urls = parse_heavy_urls(resolve_heavy_url(self.defaults.heavy_url))
         if not urls:
-            return BlsBranch(HEAVY, self.defaults.heavy_model, self.pb, timeout_ms, parameters=self.branch_auth)
+            return BlsBranch(HEAVY, self.defaults.heavy_model, self.exec_bls, timeout_ms, parameters=self.branch_auth)
         self.logger.log_info(f"router: heavy branch is remote at {', '.join(urls)}")
         if len(urls) == 1:
             return RemoteBranch(HEAVY, urls[0], model=self.defaults.heavy_model,
@@ -156,17 +158,18 @@ class RouterModel:
         mode, arm, reason = self.defaults.mode, "", "error"  # labels if it fails before admission
         held = 0  # KV tokens this request holds in the admission gate
         try:
-            gen_request = parse_request(pb, request, self.defaults, decode=self.decode)
-            info = request_info(pb, request)
+            inputs = read_router_request(pb, request)  # the only read of this request's tensors
+            gen_request = parse_request(inputs, self.defaults, decode=self.decode)
+            info = request_info(inputs)
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these
             await self.gate.enter(tokens)  # before any branch work (the perplexity below is light work)
             held = tokens
             info, surprise = await self._request_level(info)
             admission = self.ops.admit(info, gen_request.params)
             mode, arm = admission.params.mode, admission.arm
-            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(request),
+            gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(inputs),
                                               prompt_surprise=surprise)
-            show = bool(input_scalar(pb, request, SHOW_ROUTING)) and self.decode is not None
+            show = bool(inputs.show_routing) and self.decode is not None
             writer = ResponseWriter(pb, sender, gen_request.params.stream, self.decode if show else None)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
                                    hooks=admission.hooks, request_id=admission.request_id, answers=self.answers)

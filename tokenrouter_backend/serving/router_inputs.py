@@ -1,0 +1,96 @@
+"""The router model's inputs: one table of tensor names, read once per Triton request.
+
+``read_router_request`` turns a Triton request into ``RouterInputs``, every input as plain
+Python (prompt ids, stop ids, stop words, end id, the optional scalars, the request id);
+nothing else reads a router request's tensors. ``serving/request.py`` builds the core
+request and admission's ``RequestInfo`` from that one value, and the router model reads
+its per-request switches (``learned_router``, ``show_routing``) there. Modelled on the
+TensorRT-LLM BLS backend's ``convert_triton_request``: the names in one table, each input
+read once. The names are the ``input`` list of ``model_repository/router/config.pbtxt``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+
+from tokenrouter_backend.serving.tensors import input_array, input_scalar
+
+PROMPT_INPUT = "INPUT_ID"  # INT32 [-1]: the prompt's token ids (preprocessing)
+STOP_IDS_INPUT = "STOP_IDS"  # INT32 [-1]: stop sequences, -1 separated (preprocessing: document ends)
+END_ID_INPUT = "END_ID"  # INT32 [1]: the end token; < 0 = none
+STOP_WORDS_INPUT = "stop_words"  # STRING [-1]: stop strings, matched on the decoded text
+
+# RouterParams field -> optional scalar input overriding the config default; names follow
+# the TensorRT-LLM ensemble (max_tokens, temperature, ...) and RouterParams' fields
+PARAM_INPUTS = {
+    "max_tokens": "max_tokens",
+    "stream": "stream",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "random_seed": "random_seed",
+    "router_mode": "router_mode",
+    "block_size": "block_size",
+    "block_schedule": "block_schedule",
+    "confidence_threshold": "confidence_threshold",
+    "entropy_threshold": "entropy_threshold",
+    "rollback_threshold": "rollback_threshold",
+    "rollback_window": "rollback_window",
+    "draft_confidence_threshold": "draft_confidence_threshold",
+    "allow_degradation": "allow_degradation",
+    "ngram_drafts": "ngram_drafts",
+    "light_copies": "light_copies",
+    "light_kv_window": "light_kv_window",
+    "answer_cache": "answer_cache",
+    "router_threshold": "router_threshold",
+}
+# RouterInputs field -> the other optional scalar inputs
+SCALAR_INPUTS = {
+    "end_id": END_ID_INPUT,
+    "decision_log": "decision_log",  # BOOL: log this request's blocks
+    "dynamic_quantile": "dynamic_threshold_quantile",  # FP32: per-request dynamic threshold
+    "learned_router": "learned_router",  # BOOL: false = confidence rule though a router is loaded
+    "show_routing": "show_routing",  # BOOL: the final routing_stats carry "routing" runs
+}
+INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, *SCALAR_INPUTS.values(),
+                         *PARAM_INPUTS.values()})
+
+
+@dataclass(frozen=True)
+class RouterInputs:
+    """One router request's inputs as plain Python; optional scalars are None when absent."""
+
+    request_id: str = ""
+    prompt: tuple[int, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)  # RouterParams field -> value, the inputs given
+    stop_ids: tuple[int, ...] = ()
+    stop_words: tuple = ()  # as sent (UTF-8 bytes or str), checked by parse_stop_words
+    end_id: Any = None
+    decision_log: Any = None
+    dynamic_quantile: Any = None
+    learned_router: Any = None
+    show_routing: Any = None
+
+
+def _values(array: np.ndarray | None) -> list:
+    return [] if array is None else array.reshape(-1).tolist()
+
+
+def read_router_request(pb_utils, request) -> RouterInputs:
+    """Every input of one Triton request to the router, read once (scalars unwrapped by
+    ``tensors.input_scalar``: bytes decoded, numpy scalars as Python values)."""
+    prompt = input_array(pb_utils, request, PROMPT_INPUT)
+    params = {name: input_scalar(pb_utils, request, tensor) for name, tensor in PARAM_INPUTS.items()}
+    scalars = {name: input_scalar(pb_utils, request, tensor) for name, tensor in SCALAR_INPUTS.items()}
+    request_id = request.request_id() if hasattr(request, "request_id") else ""
+    return RouterInputs(
+        request_id=str(request_id or ""),
+        prompt=() if prompt is None else tuple(int(t) for t in prompt.reshape(-1)),
+        params=MappingProxyType({name: value for name, value in params.items() if value is not None}),
+        stop_ids=tuple(_values(input_array(pb_utils, request, STOP_IDS_INPUT))),
+        stop_words=tuple(_values(input_array(pb_utils, request, STOP_WORDS_INPUT))),
+        **scalars,
+    )
