@@ -25,8 +25,9 @@ from pathlib import Path
 from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE, ModelInfo, OnnxCausalLM
 from tokenrouter_backend.engine.step_timing import step_ms
+from tokenrouter_backend.learning import router_prompts
 
-from . import progress, quantize, router_build, router_prompts, versions
+from . import progress, quantize, router_build, versions
 from .onnx_export import export_model, model_info, onnx_bytes, onnx_files, write_info
 from .repository import EXPORT_REPORT, fill_repository, write_report
 from .sources import (

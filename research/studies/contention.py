@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Two branches on one CPU: each branch's ONNX forward alone and beside the other's.
 
 Spawns one process per branch of an exported repository; each loads its ``OnnxCausalLM``
@@ -17,7 +18,7 @@ when a forward ends, ``d<N>`` for dynamic blocks of base N (``OrtThreading``): `
 after a forward (the server's own bookkeeping between forwards), so the lock can change hands. Default cases:
 alone at 1 thread, T+T, 1+1, T+1, T+T serialized, Tn+Tn, Tnd4+Tnd4, alone at Tn and Tnd4.
 
-    python -m tokenrouter_backend.client.contention --repo REPO [--case 2d4+1 ...] [--seconds 20] [--out FILE]
+    .venv/bin/python research/studies/contention.py --repo REPO [--case 2d4+1 ...] [--seconds 20] [--out FILE]
 """
 from __future__ import annotations
 

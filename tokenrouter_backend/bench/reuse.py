@@ -1,7 +1,7 @@
 """Reuse workloads side by side: a shared long context (prefix cache) and copy-heavy edits
 (n-gram drafts).
 
-``python -m tokenrouter_backend.client.reuse --url HOST:PORT --repo REPO`` runs against a
+``python -m tokenrouter_backend.bench.reuse --url HOST:PORT --repo REPO`` runs against a
 running server (streamed gRPC, greedy):
 
 * ``reuse``: per round a new ~N-token context of retrieved standard-library source, then
@@ -40,7 +40,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import triton_client
+from tokenrouter_backend.client import triton_client
+
 from .traffic import QUESTION, rag_prompt
 
 QUESTIONS = (
@@ -259,7 +260,7 @@ def copy_table(samples: list[Sample]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.client.reuse", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.bench.reuse", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="gRPC host:port of a running TokenRouter server")
     p.add_argument("--repo", type=Path, required=True, help="its model repository (the tokenizer's chat template)")

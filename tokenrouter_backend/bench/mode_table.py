@@ -1,7 +1,7 @@
 """Single-stream mode comparison on a running server: tokens/s and routing per mode.
 
-`python -m tokenrouter_backend.client.mode_table --url HOST:PORT` runs the code-completion prompts of
-`tokenrouter_backend.client.workloads` in heavy, light, verify and route modes, interleaved prompt by prompt,
+`python -m tokenrouter_backend.bench.mode_table --url HOST:PORT` runs the code-completion prompts of
+`tokenrouter_backend.bench.workloads` in heavy, light, verify and route modes, interleaved prompt by prompt,
 and prints a markdown table of medians (the figures the serving-path issue asks for).
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ import argparse
 import statistics
 import sys
 
-from .triton_client import generate_http
+from tokenrouter_backend.client.triton_client import generate_http
+
 from .workloads import load_workloads
 
 MODES = ("heavy", "light", "verify", "route")

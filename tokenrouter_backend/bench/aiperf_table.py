@@ -46,7 +46,7 @@ def _cell(value) -> str:
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m tokenrouter_backend.client.aiperf_table OUT_DIR", file=sys.stderr)
+        print("usage: python -m tokenrouter_backend.bench.aiperf_table OUT_DIR", file=sys.stderr)
         return 2
     print(table(Path(args[0])))
     return 0

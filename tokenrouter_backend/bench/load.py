@@ -256,12 +256,12 @@ def markdown_table(points: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tokenrouter_backend.client.load --url HOST:PORT``: the sweep alone, written to OUT/load.json."""
+    """``python -m tokenrouter_backend.bench.load --url HOST:PORT``: the sweep alone, written to OUT/load.json."""
     import argparse
 
     from .workloads import ALL_WORKLOADS, load_workloads
 
-    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.client.load", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.bench.load", description=main.__doc__)
     p.add_argument("--url", required=True, help="gRPC host:port")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES))
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))

@@ -36,8 +36,8 @@ from tokenrouter_backend.core.learned_router import (
     feature_matrix,
 )
 from tokenrouter_backend.core.route_gate import ClassPolicy
-from tokenrouter_backend.operations.outcome_labels import outcome_disagree
-from tokenrouter_backend.operations.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
+from tokenrouter_backend.learning.outcome_labels import outcome_disagree
+from tokenrouter_backend.learning.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
 
 FINE_GRID = tuple(round(float(t), 3) for t in np.arange(0.05, 1.0, 0.005))  # the frontier compared against
 ROUTER_GRID = (0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)

@@ -90,7 +90,7 @@ class Arm:
 
 def _switch(spec: str, text: str) -> tuple[str, bool]:
     """One ``KNOB=true|false`` of an arm: a boolean request input and its value."""
-    from .triton_client import KNOBS_BOOL
+    from tokenrouter_backend.client.triton_client import KNOBS_BOOL
 
     name, _, value = text.partition("=")
     if name not in KNOBS_BOOL or value not in ("true", "false"):
@@ -114,7 +114,7 @@ def _bar(spec: str, high: float) -> float:
 def prewarm(url: str, prompt: str) -> None:
     """Unrecorded requests that put the prompt's KV in both branches' prefix caches (see the
     module docstring)."""
-    from .triton_client import generate_http
+    from tokenrouter_backend.client.triton_client import generate_http
 
     for knobs in PREWARM_REQUESTS:
         generate_http(url, prompt, **knobs)
@@ -176,7 +176,7 @@ class Record:
 def run(url: str, problems: Sequence[dict], formats: Sequence[str], arms: Sequence[Arm], max_tokens: int,
         render: Callable[[list[dict]], str] | None, out: Path, log: Callable[[str], None] = print) -> list[Record]:
     """Every (problem, format, arm) once; records appended to ``out`` (JSON lines) as they come."""
-    from .triton_client import GenerationError, generate_http
+    from tokenrouter_backend.client.triton_client import GenerationError, generate_http
 
     records: list[Record] = []
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The prompts ``tokenrouter export --train-router`` generates its training logs on.
 
 Written for this purpose and disjoint from what the benchmarks evaluate (the HumanEval
-problems and the ``client.workloads`` prompts): code completions (a signature and a
+problems and the ``bench.workloads`` prompts): code completions (a signature and a
 docstring, in the raw completion form), code asked for in a chat (rendered with the
 model's chat template when it has one), structured boilerplate and prose. Each is a
 ``TrainingPrompt``; ``chat`` ones are an instruction for the user turn.

@@ -168,11 +168,11 @@ def from_records(out: Path, tokenizer_src: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tokenrouter_backend.client.report OUT [--load LOAD.json]``: re-render OUT from its results.json,
-    optionally adding a separate perf_analyzer sweep (``python -m tokenrouter_backend.client.load``)."""
+    """``python -m tokenrouter_backend.bench.report OUT [--load LOAD.json]``: re-render OUT from its results.json,
+    optionally adding a separate perf_analyzer sweep (``python -m tokenrouter_backend.bench.load``)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.client.report", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.bench.report", description=main.__doc__)
     p.add_argument("out", type=Path)
     p.add_argument("--load", type=Path, default=None)
     p.add_argument("--from-records", action="store_true",

@@ -3,14 +3,14 @@
 ``router_prompts`` holds the exporter's 20 hand-written prompts (minutes on the demo pair);
 this module widens them to 30 of each kind (raw code completions, structured boilerplate,
 prose, chat code requests) for retraining a router on more heavy verdicts than the export
-collects (``scripts/router_data_study.py``). Each prompt is written from a table of
+collects (``research/studies/router_data_study.py``). Each prompt is written from a table of
 subjects, so the set is varied in what it names, not in its forms. Like the exporter's set
 it is disjoint from what the benchmarks evaluate: no HumanEval problem and no
-``client.workloads`` prompt is among them (a test checks names and texts).
+``bench.workloads`` prompt is among them (a test checks names and texts).
 """
 from __future__ import annotations
 
-from tokenrouter_backend.export.router_prompts import TrainingPrompt
+from tokenrouter_backend.learning.router_prompts import TrainingPrompt
 
 # (name, signature line(s), docstring): raw completions of a function or class body.
 _RAW_CODE = [

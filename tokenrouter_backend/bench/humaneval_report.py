@@ -1,4 +1,4 @@
-"""Summary of HumanEval records (``client/humaneval.py``): per format and arm, pass@1,
+"""Summary of HumanEval records (``bench/humaneval.py``): per format and arm, pass@1,
 tokens/s (total tokens / total time) and its ratio to heavy, light share, exact match with
 heavy's answer. Only problems every arm of the file finished count (a run cut short leaves
 the last problem out for all arms)."""

@@ -68,7 +68,7 @@ def make_arms(modes: list[str], thresholds: list[float], peer_arms: tuple[str, .
 
 
 def run_triton(url: str, arm: Arm, prompt: Prompt, max_tokens: int, rec: RunRecord) -> None:
-    from .triton_client import generate_grpc
+    from tokenrouter_backend.client.triton_client import generate_grpc
 
     # every arm runs the same prompt: with the decision cache a later arm would draft an
     # earlier arm's answer, so no arm may use it
@@ -118,7 +118,7 @@ def prewarm(url: str | None, prompt: Prompt) -> None:
     the prefill the later ones skip; ``arm_prompts.PREWARM_REQUESTS``)."""
     if url is None:
         return
-    from .triton_client import generate_grpc
+    from tokenrouter_backend.client.triton_client import generate_grpc
 
     for knobs in PREWARM_REQUESTS:
         generate_grpc(url, prompt.text, stream=True, timeout_s=REQUEST_TIMEOUT_S, **knobs)

@@ -1,6 +1,6 @@
 """Real-traffic cases side by side: long retrieved contexts and mixed concurrent requests.
 
-``python -m tokenrouter_backend.client.traffic --url HOST:PORT --repo REPO`` runs, against a
+``python -m tokenrouter_backend.bench.traffic --url HOST:PORT --repo REPO`` runs, against a
 running server, each case for every mode (arms interleaved, their order rotated by one each
 round, ``--rounds`` rounds) and reports per mode the wall time, time to first token, inter-token
 gaps and tokens/s, the ratios to heavy-only of the same round, and the peak resident memory
@@ -25,7 +25,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import triton_client
+from tokenrouter_backend.client import triton_client
+
 from .arm_prompts import NO_REUSE_KNOBS, for_arm
 from .workloads import CODE_PROMPTS
 
@@ -204,7 +205,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.client.traffic", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tokenrouter_backend.bench.traffic", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="gRPC host:port of a running TokenRouter server")
     p.add_argument("--repo", type=Path, default=None,
