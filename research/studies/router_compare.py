@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Router files side by side on the same verify-mode verdicts (route replay).
 
-    .venv/bin/python scripts/router_compare.py RECORDS ROUTER [ROUTER ...] [--bars 0.02,0.05,0.1]
+    .venv/bin/python research/studies/router_compare.py RECORDS ROUTER [ROUTER ...] [--bars 0.02,0.05,0.1]
 
 For each router file and P(disagree) bar: the share of drafts that would stand unchecked
 and the predicted agreement with heavy greedy, with the default class policy
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.core.route_gate import ClassPolicy
+from tokenrouter_backend.learning.router_training import collect_samples, frontier
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.router_training import collect_samples, frontier
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Does the drafted token's identity (or R2R's full light-side feature set) lift the router above confidence?
 
-    .venv/bin/python scripts/token_identity_study.py LIGHT_MODEL TOKENIZER OUT
+    .venv/bin/python research/studies/token_identity_study.py LIGHT_MODEL TOKENIZER OUT
 
 R2R routes on the small model's logits, the embedding of the token it predicts and its last
 hidden state. The router's logit features sit on the confidence rule's frontier (the copy,
@@ -10,8 +10,8 @@ tried. This study tries it, and the hidden state again on eight times the verdic
 first hidden-state study, with leave-prompts-out cross-validation over every verify record
 the earlier studies collected (same exported demo pair, block 4, drafting at every
 position, 64 new tokens): the exporter's 20 training prompts and the workloads' 22
-(``docs/bench/route_quality/copy_features_2026-12-06/``), and the 120 more prompts
-(``docs/bench/route_quality/router_data_2026-12-06/more.jsonl``): 162 prompts in four kinds
+(``research/records/route_quality/copy_features_2026-12-06/``), and the 120 more prompts
+(``research/records/route_quality/router_data_2026-12-06/more.jsonl``): 162 prompts in four kinds
 (raw code, chat code, structured, prose/text).
 
 LIGHT_MODEL: the light model's .gguf file or HF folder (transformers, FP32; its input
@@ -35,26 +35,35 @@ PCA and token tables are fitted on the training folds only. A second section fit
 studies used). Report (``OUT/report.txt``): per kind, the held-out log loss and the
 unchecked share each reaches at agreement >= A against the confidence-threshold frontier
 on the same drafts (the default class policy for the router, as
-``copy_feature_study.frontier_cells``).
+``common.frontier_cells``).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import zlib
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from copy_feature_study import AGREEMENTS, frontier_cells, log_loss, scores
-from hidden_state_study import final_sequences, hidden_rows, load_light_model
+from common import (
+    AGREEMENTS,
+    RECORDS_DIR,
+    final_sequences,
+    frontier_cells,
+    hidden_rows,
+    load_light_model,
+    log_loss,
+    scores,
+)
 
-from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
-from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
-from tokenrouter_backend.export.router_prompts_more import more_training_prompts
+from tokenrouter_backend.bench.workloads import CODE, STRUCTURED, TEXT, load_workloads
+from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts
+from tokenrouter_backend.learning.router_prompts_more import more_training_prompts
+from tokenrouter_backend.learning.router_training import collect_samples, fit_logistic, sampled_drafts
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic, sampled_drafts
 
-BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench" / "route_quality"
+BENCH = RECORDS_DIR / "route_quality"
 RECORDS = (BENCH / "copy_features_2026-12-06" / "train.jsonl", BENCH / "router_data_2026-12-06" / "more.jsonl",
            BENCH / "copy_features_2026-12-06" / "eval.jsonl")
 FOLDS, PCA_DIMS, TABLE_PRIOR_WEIGHT = 5, 16, 5.0
@@ -182,6 +191,9 @@ def main(light_model: str, tokenizer_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit(__doc__)
-    main(*sys.argv[1:4])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("light_model", help="the light model's .gguf file or HF folder")
+    ap.add_argument("tokenizer", help="the exported router/1/tokenizer folder")
+    ap.add_argument("out", help="folder for report.txt")
+    a = ap.parse_args()
+    main(a.light_model, a.tokenizer, a.out)

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Does the learned router beat the confidence frontier with more training verdicts?
 
-    .venv/bin/python scripts/router_data_study.py REPO OUT [--tokens 64] [--reuse DIR]
+    .venv/bin/python research/studies/router_data_study.py REPO OUT [--tokens 64] [--reuse DIR]
 
 The demo router was trained on the exporter's 20 prompts (about 1,000 heavy verdicts); on
 the unseen code / structured / text workloads it sits on the confidence rule's frontier.
 This study collects verify-mode records on 120 more training prompts
-(``export/router_prompts_more.py``) and fits the router's logistic regression on growing
+(``learning/router_prompts_more.py``) and fits the router's logistic regression on growing
 shares of them, to see whether the frontier gap is a matter of data.
 
 REPO: an exported repository. The exported ONNX branches run in process in verify mode
@@ -36,13 +36,13 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-from copy_feature_study import AGREEMENTS, frontier_cells, log_loss, run, scores, tokenizer_of
+from common import AGREEMENTS, frontier_cells, log_loss, run, scores, tokenizer_of
 
-from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
-from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
-from tokenrouter_backend.export.router_prompts_more import more_training_prompts
+from tokenrouter_backend.bench.workloads import CODE, STRUCTURED, TEXT, load_workloads
+from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts
+from tokenrouter_backend.learning.router_prompts_more import more_training_prompts
+from tokenrouter_backend.learning.router_training import collect_samples, fit_logistic, sampled_drafts
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic, sampled_drafts
 
 SHARES = (0.0, 0.25, 0.5, 1.0)  # share of the 120 more prompts added to the exporter's 20
 MLP_HIDDEN, MLP_EPOCHS, MLP_L2 = 16, 400, 1e-3

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Does a projection of the light model's last hidden state pay as a learned-router feature?
 
-    .venv/bin/python scripts/hidden_state_study.py REPO/router/1/router_train.jsonl LIGHT_MODEL REPO/router/1/tokenizer
+    .venv/bin/python research/studies/hidden_state_study.py REPO/router/1/router_train.jsonl LIGHT_MODEL \
+        REPO/router/1/tokenizer
 
 LIGHT_MODEL: the light model's .gguf file or HF folder. Records: the verify-mode decision
 records ``tokenrouter export --train-router`` wrote (router_train.jsonl). For each heavy
@@ -13,57 +14,17 @@ projection of the hidden state (the PCA fitted on the training folds only).
 """
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import numpy as np
+from common import final_sequences, hidden_rows, load_light_model
 
-from tokenrouter_backend.export.router_build import prompt_ids
-from tokenrouter_backend.export.router_prompts import training_prompts
+from tokenrouter_backend.learning.router_training import collect_samples, fit_logistic
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.router_training import collect_samples, fit_logistic, sampled_drafts
 
 FOLDS = 5
 PCA_DIMS = (4, 8, 16, 32)
-
-
-def final_sequences(records, tokenizer, prompts=None) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Each request's prompt + final answer (rebuilt from the records' outputs), and its prompt
-    length. ``prompts``: request id -> TrainingPrompt (default: the exporter's training prompts)."""
-    if prompts is None:
-        prompts = {f"export/{p.name}": p for p in training_prompts()}
-    answers: dict[str, list[int]] = {}
-    for r in records:
-        answers[r.request_id] = answers.get(r.request_id, [])[: r.output_from] + list(r.output)
-    ids = {rid: prompt_ids(tokenizer, prompts[rid]) for rid in answers}
-    return {rid: ids[rid] + ans for rid, ans in answers.items()}, {rid: len(ids[rid]) for rid in answers}
-
-
-def load_light_model(light_model: Path):
-    """The light model in FP32 transformers, from a .gguf file or an HF folder."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    gguf = {"gguf_file": light_model.name} if light_model.suffix == ".gguf" else {}
-    return AutoModelForCausalLM.from_pretrained(light_model.parent if gguf else light_model,
-                                                dtype=torch.float32, **gguf).eval()
-
-
-def hidden_rows(records, model, sequences, prompt_lens) -> np.ndarray:
-    """[verdicts, hidden]: in collect_samples' order, the state that predicted each verdict's draft."""
-    import torch
-
-    with torch.no_grad():
-        hidden = {rid: model(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0].numpy()
-                  for rid, seq in sequences.items()}
-    rows = []
-    for r in records:
-        n = sampled_drafts(r)
-        if n == 0:
-            continue
-        base = prompt_lens[r.request_id] + r.position
-        rows += [hidden[r.request_id][base + j - 1] for j in range(n)]
-    return np.asarray(rows)
 
 
 def auc(p: np.ndarray, y: np.ndarray) -> float:
@@ -121,6 +82,9 @@ def main(records_path: str, light_model: str, tokenizer_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit(__doc__)
-    main(*sys.argv[1:4])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("records", help="REPO/router/1/router_train.jsonl (verify-mode decision records)")
+    ap.add_argument("light_model", help="the light model's .gguf file or HF folder")
+    ap.add_argument("tokenizer", help="REPO/router/1/tokenizer")
+    a = ap.parse_args()
+    main(a.records, a.light_model, a.tokenizer)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Would copy features pay in the learned router? Tested offline on unseen workloads.
 
-    .venv/bin/python scripts/copy_feature_study.py REPO OUT [--tokens 64]
+    .venv/bin/python research/studies/copy_feature_study.py REPO OUT [--tokens 64]
 
 The candidate features, per drafted token: what the n-gram copy of the text before it says
 (the prompt-lookup of ``core/ngram.py``, suffixes of 3 to 5 tokens): ``copy_same`` = the copy
@@ -13,8 +13,8 @@ REPO: an exported repository (``heavy/1``, ``light/1``, ``router/1/tokenizer``).
 ONNX branches run in process (the real block loop, as ``export --train-router`` runs them)
 in verify mode, drafting at every position (block 4, no n-gram drafts), on
 
-* the exporter's 20 training prompts (``export/router_prompts.py``): ``OUT/train.jsonl``;
-* the code, structured and text benchmark workloads (``client/workloads.py``, none of them
+* the exporter's 20 training prompts (``learning/router_prompts.py``): ``OUT/train.jsonl``;
+* the code, structured and text benchmark workloads (``bench/workloads.py``, none of them
   trained on): ``OUT/eval.jsonl``.
 
 (Existing files are reused.) Each draft's context is rebuilt from the records (prompt +
@@ -28,54 +28,21 @@ and the held-out log loss. Report: ``OUT/report.txt``.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
+from common import AGREEMENTS, frontier_cells, log_loss, run, scores, tokenizer_of
 
-from tokenrouter_backend.client.workloads import CODE, STRUCTURED, TEXT, load_workloads
+from tokenrouter_backend.bench.workloads import CODE, STRUCTURED, TEXT, load_workloads
 from tokenrouter_backend.core.ngram import lookup
-from tokenrouter_backend.core.route_gate import ClassPolicy
-from tokenrouter_backend.export.router_build import RouterBuildOptions, collect_records, prompt_ids, vocab_classes
-from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
-from tokenrouter_backend.operations.decision_log import read_log, record_to_json
-from tokenrouter_backend.operations.replay import predict_mask
-from tokenrouter_backend.operations.router_training import (
-    FINE_GRID,
-    collect_samples,
-    fit_logistic,
-    sampled_drafts,
-    unchecked_at,
-)
+from tokenrouter_backend.export.router_build import prompt_ids
+from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts
+from tokenrouter_backend.learning.router_training import collect_samples, fit_logistic, sampled_drafts
+from tokenrouter_backend.operations.decision_log import read_log
 
-AGREEMENTS = (1.0, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95)
 MIN_N, MAX_N = 3, 5  # the n-gram drafter's defaults
-
-
-def tokenizer_of(repo: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(repo / "router" / "1" / "tokenizer")
-
-
-def stop_token_ids(repo: Path) -> list[int]:
-    """The document-end ids besides eos the exporter wrote (preprocessing ``stop_token_ids``)."""
-    text = (repo / "preprocessing" / "config.pbtxt").read_text(encoding="utf-8")
-    m = re.search(r'key: "stop_token_ids" value: \{ string_value: "([^"]*)"', text)
-    return [int(t) for t in (m.group(1) if m else "").split(",") if t.strip()]
-
-
-def run(repo: Path, tokenizer, prompts: list[TrainingPrompt], tokens: int, out: Path) -> None:
-    from tokenrouter_backend.branches.local_pair import LocalPair
-    from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
-
-    pair = LocalPair.of(OnnxCausalLM(repo / "light" / "1"), OnnxCausalLM(repo / "heavy" / "1"))
-    tok_json = repo / "router" / "1" / "tokenizer" / "tokenizer.json"
-    records = collect_records(pair, tokenizer, vocab_classes(tok_json), stop_token_ids(repo),
-                              RouterBuildOptions(max_tokens=tokens), prompts)
-    out.write_text("".join(record_to_json(r) + "\n" for r in records), encoding="utf-8")
 
 
 def copy_columns(records, prompts: dict[str, list[int]]) -> np.ndarray:
@@ -93,26 +60,6 @@ def copy_columns(records, prompts: dict[str, list[int]]) -> np.ndarray:
             nxt = lookup(seq + list(r.drafted[:j]), MIN_N, MAX_N, 1)
             rows.append((bool(nxt) and nxt[0] == r.drafted[j], bool(nxt) and nxt[0] != r.drafted[j]))
     return np.asarray(rows, np.float64).reshape(-1, 2)
-
-
-def scores(fit, x: np.ndarray) -> np.ndarray:
-    w, b, mean, scale = fit
-    return 1 / (1 + np.exp(-np.clip(((x - mean) / scale) @ w + b, -40, 40)))
-
-
-def frontier_cells(p: np.ndarray, s) -> list[str]:
-    v, scale = s.verdicts, ClassPolicy().array()[s.classes]
-    allowed = np.isfinite(scale)
-    conf = [predict_mask(v, v.confidence >= t, t) for t in FINE_GRID]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        routed = [predict_mask(v, allowed & (p <= t / scale), float(t))
-                  for t in np.unique(np.quantile(p, np.linspace(0, 1, 201)))]
-    return [f"{unchecked_at(routed, a):.3f}/{unchecked_at(conf, a):.3f}" for a in AGREEMENTS]
-
-
-def log_loss(p: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(p, 1e-6, 1 - 1e-6)
-    return float(-np.mean(y * np.log(p) + (~y) * np.log(1 - p)))
 
 
 def main() -> None:
