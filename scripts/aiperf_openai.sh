@@ -31,4 +31,4 @@ for c in ${CONCURRENCIES:-1 4 8}; do
   done
   i=$((i + 1))
 done
-"${PYTHON:-.venv/bin/python}" -m tokenrouter_backend.client.aiperf_table "$OUT"
+"${PYTHON:-.venv/bin/python}" -m tokenrouter_backend.bench.aiperf_table "$OUT"

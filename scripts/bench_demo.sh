@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Partial benchmark run on the demo pair (docs/benchmarks.md "Latest run"): code completion +
+# Partial benchmark run on the demo pair (research/notebook/2026-11-30-demo-pair-bench.md): code completion +
 # a HumanEval subset, heavy/verify/route arms + the transformers peers, 64 new tokens.
 # Usage: scripts/bench_demo.sh [OUT] [PER_WORKLOAD]
 # Env: PY (default .venv/bin/python, from `make setup`), DEMO (default $TOKENROUTER_DATA/demo,

@@ -1,9 +1,9 @@
-"""client/aiperf_table.py: AIPerf's JSON exports -> one table, rows by mode and concurrency."""
+"""bench/aiperf_table.py: AIPerf's JSON exports -> one table, rows by mode and concurrency."""
 from __future__ import annotations
 
 import json
 
-from tokenrouter_backend.client import aiperf_table
+from tokenrouter_backend.bench import aiperf_table
 
 
 def export(ttft50: float) -> dict:

@@ -1,7 +1,7 @@
-"""client/arm_prompts.py: no prompt is shared between benchmark arms, and arms stay comparable."""
+"""bench/arm_prompts.py: no prompt is shared between benchmark arms, and arms stay comparable."""
 from __future__ import annotations
 
-from tokenrouter_backend.client.arm_prompts import NO_REUSE_KNOBS, for_arm, nonce
+from tokenrouter_backend.bench.arm_prompts import NO_REUSE_KNOBS, for_arm, nonce
 
 
 def test_arms_get_distinct_prompts_of_equal_length_and_content():
@@ -16,8 +16,8 @@ def test_arms_get_distinct_prompts_of_equal_length_and_content():
 
 
 def test_traffic_and_load_send_arm_prompts(monkeypatch, tmp_path):
-    from tokenrouter_backend.client import load, traffic
-    from tokenrouter_backend.client.workloads import Prompt
+    from tokenrouter_backend.bench import load, traffic
+    from tokenrouter_backend.bench.workloads import Prompt
 
     sent = []
 

@@ -11,9 +11,9 @@ from dataclasses import fields
 
 import pytest
 
-from tokenrouter_backend.client import bench, load
-from tokenrouter_backend.client.records import RunRecord
-from tokenrouter_backend.client.workloads import load_workloads
+from tokenrouter_backend.bench import bench, load
+from tokenrouter_backend.bench.records import RunRecord
+from tokenrouter_backend.bench.workloads import load_workloads
 from tokenrouter_backend.export.tiny_pair import build_tiny_pair
 from tokenrouter_backend.server import paths
 

@@ -6,12 +6,12 @@ import subprocess
 
 import pytest
 
-from tokenrouter_backend.client import load
-from tokenrouter_backend.client.bench import make_arms
-from tokenrouter_backend.client.quality import compare_tokens, humaneval_passed, truncate_humaneval
-from tokenrouter_backend.client.records import RunRecord
-from tokenrouter_backend.client.scoring import paired_ratios, spread, summarize
-from tokenrouter_backend.client.workloads import ALL_WORKLOADS, HUMANEVAL, humaneval_problems, load_workloads
+from tokenrouter_backend.bench import load
+from tokenrouter_backend.bench.bench import make_arms
+from tokenrouter_backend.bench.quality import compare_tokens, humaneval_passed, truncate_humaneval
+from tokenrouter_backend.bench.records import RunRecord
+from tokenrouter_backend.bench.scoring import paired_ratios, spread, summarize
+from tokenrouter_backend.bench.workloads import ALL_WORKLOADS, HUMANEVAL, humaneval_problems, load_workloads
 
 
 def test_workloads_have_ids_and_names():

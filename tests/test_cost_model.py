@@ -208,7 +208,8 @@ def test_overload_degradation_needs_the_server_and_the_request():
 
 
 # ---- free drafts (n-gram): planned on the heavy curve alone ---------------------------
-MEASURED_CPU = Curve(fixed=1257.0, per_token=61.0)  # the demo heavy on 2 cores (docs/benchmarks.md)
+# the demo heavy on 2 cores (research/notebook/2026-12-01-real-traffic.md)
+MEASURED_CPU = Curve(fixed=1257.0, per_token=61.0)
 
 
 def test_free_drafts_pay_where_the_heavy_forward_has_a_fixed_part():

@@ -64,7 +64,7 @@ def test_export_trains_a_router_for_its_pair(tiny_pair, tmp_path):
     branches, a router trained on them, its records and report beside it; train-router on
     the shipped records gives the same router (they are the logs it was trained on)."""
     from tokenrouter_backend.cli import main as cli_main
-    from tokenrouter_backend.export.router_prompts import training_prompts
+    from tokenrouter_backend.learning.router_prompts import training_prompts
     from tokenrouter_backend.operations.decision_log import read_log
 
     out = tmp_path / "repository"

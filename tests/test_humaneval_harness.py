@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter_backend.client.humaneval import RESPONSE_PREFIX, Arm, chat_program, chat_prompt, passed
-from tokenrouter_backend.client.humaneval_report import markdown, plot_frontier, summary
-from tokenrouter_backend.client.workloads import humaneval_problems
+from tokenrouter_backend.bench.humaneval import RESPONSE_PREFIX, Arm, chat_program, chat_prompt, passed
+from tokenrouter_backend.bench.humaneval_report import markdown, plot_frontier, summary
+from tokenrouter_backend.bench.workloads import humaneval_problems
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,8 @@ def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(probl
     """Per problem and format: unrecorded 2-token requests to each branch alone first (both
     branches prefill; a verify request would leave the light model out of a 2-token answer),
     then every arm with the same prompt; every request refuses the decision cache."""
-    from tokenrouter_backend.client import humaneval, triton_client
+    from tokenrouter_backend.bench import humaneval
+    from tokenrouter_backend.client import triton_client
 
     sent = []
 
@@ -99,7 +100,8 @@ def test_every_arm_starts_from_a_prewarmed_prompt_and_never_from_an_answer(probl
 def test_an_arm_can_run_on_a_second_server(problem, monkeypatch, tmp_path):
     """``router#HOST:PORT``: the same knobs on another server (an A/B of two builds); both
     servers get the prompt prewarmed before any measured arm, and each arm's records name it."""
-    from tokenrouter_backend.client import humaneval, triton_client
+    from tokenrouter_backend.bench import humaneval
+    from tokenrouter_backend.client import triton_client
 
     b = Arm.parse("router#127.0.0.1:8010")
     assert (b.name, b.url, b.knobs) == ("router#127.0.0.1:8010", "127.0.0.1:8010", Arm.parse("router").knobs)
@@ -130,7 +132,8 @@ def test_a_dropped_connection_fails_its_arm_and_the_run_goes_on(problem, monkeyp
     keeps the answer's routing stats."""
     import requests
 
-    from tokenrouter_backend.client import humaneval, triton_client
+    from tokenrouter_backend.bench import humaneval
+    from tokenrouter_backend.client import triton_client
 
     stats = {"generated_tokens": 9, "light_tokens": 7, "heavy_calls": 2, "heavy_ms": 12.5}
 
@@ -173,7 +176,7 @@ def test_chat_program_keeps_only_what_the_entry_point_needs(problem):
 
 
 def test_sanitize_takes_the_longest_parsing_span():
-    from tokenrouter_backend.client.code_sanitize import longest_parsing_span, sanitize
+    from tokenrouter_backend.bench.code_sanitize import longest_parsing_span, sanitize
 
     text = "Here is the code:\nimport math\n\ndef f(x):\n    return math.sqrt(x)\n\nf(4, 5\n"
     assert longest_parsing_span(text) == "import math\n\ndef f(x):\n    return math.sqrt(x)\n"
@@ -182,7 +185,7 @@ def test_sanitize_takes_the_longest_parsing_span():
 
 
 def test_rescore_recomputes_pass_from_the_answer(problem):
-    from tokenrouter_backend.client.humaneval import rescore
+    from tokenrouter_backend.bench.humaneval import rescore
 
     answer = problem["prompt"] + problem["canonical_solution"] + "\nassert has_close_elements([], 1) is None\n"
     records = [{"task_id": problem["task_id"], "format": "chat", "text": answer, "passed": False, "error": ""},

@@ -22,12 +22,15 @@ ALLOWED = {
     "engine": {"core"},
     "branches": {"core", "engine"},
     "operations": {"core"},
+    "learning": {"core"},
     "serving": {"core", "engine", "branches", "operations"},
     "server": set(),
-    "export": {"core", "engine", "branches", "operations", "server"},
-    "client": {"core", "engine", "server", "export"},
+    "export": {"core", "engine", "branches", "operations", "learning", "server"},
+    "client": {"core"},
     "openai_front": {"core", "client"},
-    "cli": {"core", "engine", "branches", "operations", "serving", "server", "export", "client", "openai_front"},
+    "bench": {"core", "engine", "server", "client", "learning"},
+    "cli": {"core", "engine", "branches", "operations", "learning", "serving", "server", "export", "client",
+            "openai_front", "bench"},
 }
 ROOT_MODULES = {"__init__", "__main__"}  # the package itself: its version and `python -m`
 FRAMEWORKS = ("tritonclient", "triton_python_backend_utils", "onnxruntime", "torch",

@@ -25,7 +25,7 @@ from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, Route
 from tokenrouter_backend.core.token_classes import TokenClass
 from tokenrouter_backend.engine.branch_engine import BranchEngine
 from tokenrouter_backend.engine.step_scores import top_margin
-from tokenrouter_backend.operations import router_training as rt
+from tokenrouter_backend.learning import router_training as rt
 from tokenrouter_backend.operations.decision_log import record_from_dict, record_to_json
 
 OLD_FEATURES = tuple(f for f in FEATURES if f != "margin")  # a router file trained before margin existed

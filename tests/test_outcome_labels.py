@@ -13,9 +13,9 @@ from tokenrouter_backend.cli import main as cli_main
 from tokenrouter_backend.core.hooks import Action, BlockRecord
 from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
-from tokenrouter_backend.operations import router_training as rt
+from tokenrouter_backend.learning import router_training as rt
+from tokenrouter_backend.learning.outcome_labels import formatting_only, heavy_choice, outcome_disagree
 from tokenrouter_backend.operations.decision_log import DecisionLog
-from tokenrouter_backend.operations.outcome_labels import formatting_only, heavy_choice, outcome_disagree
 
 # ids 2j and 2j+1 are the same word with and without a leading space
 TEXTS = [(" " if t % 2 == 0 else "") + f"w{t // 2}" for t in range(VOCAB)]

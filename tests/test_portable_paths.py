@@ -1,10 +1,10 @@
-"""Benchmark results record paths without the machine: client/portable_paths.py."""
+"""Benchmark results record paths without the machine: bench/portable_paths.py."""
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
-from tokenrouter_backend.client.portable_paths import portable_command, portable_path
+from tokenrouter_backend.bench.portable_paths import portable_command, portable_path
 
 
 def test_paths_are_shown_relative_to_where_they_live(tmp_path, monkeypatch):

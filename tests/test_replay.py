@@ -6,7 +6,7 @@ import numpy as np
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, Recorder, heavy_agreement, run_one
 from tokenrouter_backend.cli import replay as replay_cli
-from tokenrouter_backend.operations import replay
+from tokenrouter_backend.learning import replay
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 
 THRESHOLDS = (0.5, 0.7, 0.9)

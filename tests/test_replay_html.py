@@ -20,8 +20,8 @@ from tokenrouter_backend.core.params import RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
 from tokenrouter_backend.core.routing_trace import Kind, routing_runs, runs
 from tokenrouter_backend.core.token_classes import VocabClasses
+from tokenrouter_backend.learning.replay_html import rebuild, render
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
-from tokenrouter_backend.operations.replay_html import rebuild, render
 
 TEXTS = [str(i) for i in range(10)] + [f" w{i}" for i in range(VOCAB - 10)]
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import re
 
-from tokenrouter_backend.client.workloads import ALL_WORKLOADS, humaneval_problems, load_workloads
-from tokenrouter_backend.export.router_prompts import training_prompts
-from tokenrouter_backend.export.router_prompts_more import more_training_prompts
+from tokenrouter_backend.bench.workloads import ALL_WORKLOADS, humaneval_problems, load_workloads
+from tokenrouter_backend.learning.router_prompts import training_prompts
+from tokenrouter_backend.learning.router_prompts_more import more_training_prompts
 
 DEFINED = re.compile(r"^\s*(?:def|class)\s+(?!__)(\w+)", re.M)  # dunders are shared by design
 

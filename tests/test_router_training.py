@@ -12,7 +12,7 @@ from tokenrouter_backend.cli import main as cli_main
 from tokenrouter_backend.core.learned_router import LearnedRouter
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
 from tokenrouter_backend.core.token_classes import TokenClass, VocabClasses
-from tokenrouter_backend.operations import router_training as rt
+from tokenrouter_backend.learning import router_training as rt
 from tokenrouter_backend.operations.decision_log import DecisionLog
 
 TEXTS = [str(i) for i in range(10)] + [f" w{i}" for i in range(VOCAB - 10)]  # ids 0-9 are digits

@@ -1,9 +1,9 @@
 """Pure pieces of the real-traffic benchmarks: the mixed workload, stream timing, RAG prompts."""
 import json
 
-from tokenrouter_backend.client.load import mixed_prompts, stream_timing
-from tokenrouter_backend.client.traffic import rag_prompt
-from tokenrouter_backend.client.workloads import Prompt
+from tokenrouter_backend.bench.load import mixed_prompts, stream_timing
+from tokenrouter_backend.bench.traffic import rag_prompt
+from tokenrouter_backend.bench.workloads import Prompt
 
 
 def test_mixed_prompts_hold_the_share_spread_out():
@@ -38,7 +38,7 @@ def test_rag_prompt_is_long_deterministic_and_ends_with_the_question():
 
 
 def test_markdown_table_has_ratios_to_heavy():
-    from tokenrouter_backend.client.load import markdown_table
+    from tokenrouter_backend.bench.load import markdown_table
 
     timing = {"all": {"ttft": {"p50_ms": 100.0, "p99_ms": 300.0}, "itl": {"p50_ms": 20.0, "p99_ms": 90.0}},
               "short": {"latency": {"max_ms": 900.0}}}
@@ -52,13 +52,13 @@ def test_markdown_table_has_ratios_to_heavy():
 
 
 def _reuse_sample(workload, arm, rnd, kind, ttft, total, tps, text="x", reused=0):
-    from tokenrouter_backend.client.reuse import Sample
+    from tokenrouter_backend.bench.reuse import Sample
 
     return Sample(workload, arm, rnd, kind, ttft, total, 10, tps, reused, 0, 0, 0, text, {})
 
 
 def test_reuse_tables_pair_cold_with_warm_and_arms_with_heavy():
-    from tokenrouter_backend.client.reuse import copy_table, reuse_table
+    from tokenrouter_backend.bench.reuse import copy_table, reuse_table
 
     s = [_reuse_sample("reuse", "verify", 0, "cold", 40.0, 50.0, 1),
          _reuse_sample("reuse", "verify", 0, "warm", 4.0, 10.0, 1, reused=1300),
@@ -77,7 +77,7 @@ def test_reuse_tables_pair_cold_with_warm_and_arms_with_heavy():
 
 
 def test_rag_prompt_with_a_tokenizer_has_the_asked_length(tiny_repository):
-    from tokenrouter_backend.client.traffic import repo_tokenizer
+    from tokenrouter_backend.bench.traffic import repo_tokenizer
 
     tok = repo_tokenizer(tiny_repository)
     for n in (300, 1200):

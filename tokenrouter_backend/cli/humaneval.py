@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from tokenrouter_backend.client.humaneval import FORMATS, Arm, rescore
-from tokenrouter_backend.client.humaneval import run as run_problems
-from tokenrouter_backend.client.humaneval_report import markdown, plot_frontier, read_records, summary
+from tokenrouter_backend.bench.humaneval import FORMATS, Arm, rescore
+from tokenrouter_backend.bench.humaneval import run as run_problems
+from tokenrouter_backend.bench.humaneval_report import markdown, plot_frontier, read_records, summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +42,7 @@ def _range(text: str) -> slice:
 
 def run(args: argparse.Namespace) -> int:
     if args.rescore:
-        from tokenrouter_backend.client.workloads import humaneval_problems  # noqa: PLC0415
+        from tokenrouter_backend.bench.workloads import humaneval_problems  # noqa: PLC0415
         records = read_records(args.out)
         changed = rescore(records, humaneval_problems())
         args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             from tokenrouter_backend.openai_front.chat_template import TOKENIZER_DIR, ChatTemplate  # noqa: PLC0415
             render = ChatTemplate(args.repo / TOKENIZER_DIR).render
-        from tokenrouter_backend.client.workloads import humaneval_problems  # noqa: PLC0415
+        from tokenrouter_backend.bench.workloads import humaneval_problems  # noqa: PLC0415
         run_problems(args.url, humaneval_problems()[problems_slice], formats, arms, args.max_tokens, render, args.out)
     rows = summary(read_records(args.out))
     print(markdown(rows))

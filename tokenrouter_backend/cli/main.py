@@ -34,7 +34,7 @@ SUBCOMMANDS = (
     Subcommand("export", "tokenrouter_backend.export.pipeline",
                "heavy/light pair (HF folder or GGUF) -> servable Triton model repository"),
     Subcommand("generate", "tokenrouter_backend.cli.generate", "send a generation request to a running server"),
-    Subcommand("bench", "tokenrouter_backend.client.bench", "benchmark a running server"),
+    Subcommand("bench", "tokenrouter_backend.bench.bench", "benchmark a running server"),
     Subcommand("replay", "tokenrouter_backend.cli.replay", "replay recorded requests"),
     Subcommand("humaneval", "tokenrouter_backend.cli.humaneval",
                "HumanEval pass@1 and tokens/s per arm (raw and chat formats) against a running server"),

@@ -6,8 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
+from tokenrouter_backend.learning.replay import DEFAULT_GRID, DEFAULT_ROLLBACK, collect, table
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.replay import DEFAULT_GRID, DEFAULT_ROLLBACK, collect, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def find_tokenizer_file(path: str) -> Path:
 
 
 def write_html(records, out: str, tokenizer: str | None) -> int:
-    from tokenrouter_backend.operations.replay_html import render  # noqa: PLC0415 - only with --html
+    from tokenrouter_backend.learning.replay_html import render  # noqa: PLC0415 - only with --html
 
     decode = None
     if tokenizer:

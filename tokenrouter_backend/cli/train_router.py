@@ -6,9 +6,9 @@ import argparse
 from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy
 from tokenrouter_backend.core.token_classes import CLASS_NAMES
+from tokenrouter_backend.learning.outcome_labels import Labels
+from tokenrouter_backend.learning.router_training import DEFAULT_L2, NotEnoughData, report_text, train
 from tokenrouter_backend.operations.decision_log import read_log
-from tokenrouter_backend.operations.outcome_labels import Labels
-from tokenrouter_backend.operations.router_training import DEFAULT_L2, NotEnoughData, report_text, train
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,1 +1,2 @@
-"""TokenRouter clients: CLI generation, benchmarks, load-test inputs."""
+"""TokenRouter clients of a running server: HTTP / gRPC generation, the gRPC channel options,
+the demo's requests, the routing view of `generate --show-routing`."""

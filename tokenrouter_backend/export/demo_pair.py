@@ -33,7 +33,8 @@ from tokenrouter_backend.server import paths
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 PART_RE = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
 DEMO_ROUTER = Path(__file__).resolve().parent / "routers" / "demo_pair.json"
-DEMO_ROUTER_THRESHOLD = 0.05  # the file's own 0.1416 lost 6 HumanEval chat points (docs/benchmarks.md)
+# the file's own 0.1416 lost 6 HumanEval chat points (research/notebook/2026-12-06-humaneval164-chat-bar-005.md)
+DEMO_ROUTER_THRESHOLD = 0.05
 
 # download(requirements, dest_dir): puts one wheel per "name==version" requirement in dest_dir
 Downloader = Callable[[Sequence[str], Path], None]

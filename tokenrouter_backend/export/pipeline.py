@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from tokenrouter_backend.core.learned_router import LearnedRouter
+from tokenrouter_backend.learning import router_prompts
 
-from . import progress, quantize, router_build, router_prompts
+from . import progress, quantize, router_build
 from .branch_export import export_heavy, export_light, fresh_dir
 from .options import DEFAULT_TEMPLATE, DEVICES, LIGHT_QUANT_CHOICES, RUNTIMES, ExportOptions
 from .repository import EXPORT_REPORT, fill_repository, write_report

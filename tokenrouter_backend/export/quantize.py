@@ -25,7 +25,8 @@ scale over the whole batch tensor (padding rows included), so a request's light 
 probabilities change with whatever else is in the batch, against the branch protocol's
 promise. They stay available (and ``auto`` may pick one) for users who trade that for speed;
 the default never depends on timings taken on the export machine. Measured numbers and the
-reasoning are in docs/benchmarks.md ("Light quantization").
+reasoning are in research/notebook/2026-12-01-light-quant.md and
+research/notebook/2026-12-03-light-quant-int8-compute.md.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ NBITS_BLOCK_SIZE = 32  # weights per scale in MatMulNBits
 # 1 = FP32 compute on de-quantized weights: batch-invariant. 4 = int8 activations per block of a
 # row: rows are independent for M >= 2, but M = 1 takes another kernel path (on the demo 0.5B a
 # decode step's logits moved by 0.41 between M = 1 and M = 4; M = 2, 3, 4 and 8 vs 32 were equal),
-# hence MIN_ROWS: OnnxCausalLM pads a one-row forward to two (docs/benchmarks.md)
+# hence MIN_ROWS: OnnxCausalLM pads a one-row forward to two (research/notebook/2026-12-03-light-quant-int8-compute.md)
 NBITS_ACCURACY_LEVEL = 1
 ACCURACY_LEVEL = {"matmulnbits4": NBITS_ACCURACY_LEVEL, "matmulnbits8": NBITS_ACCURACY_LEVEL, "matmulnbits4-int8": 4}
 MIN_ROWS = {"matmulnbits4-int8": 2}  # rows every MatMul of the model needs to take its batch-invariant path

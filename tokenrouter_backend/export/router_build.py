@@ -5,7 +5,7 @@ the real block loop over the exported ONNX models) in verify mode on its own tra
 prompts (``router_prompts``: disjoint from HumanEval and the benchmark workloads), keeps
 every block's decision record — the records a served verify request writes to its decision
 log, light margins and token classes included — and fits the learned router on them with
-``operations.router_training.train`` (the code behind ``tokenrouter train-router``: logistic
+``learning.router_training.train`` (the code behind ``tokenrouter train-router``: logistic
 regression, a held-out share of the prompts, the P(disagree) bar chosen for the agreement
 of the confidence rule at the default threshold).
 
@@ -35,10 +35,10 @@ from tokenrouter_backend.core.names import Mode
 from tokenrouter_backend.core.params import RouterDefaults
 from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
 from tokenrouter_backend.core.token_classes import VocabClasses
-from tokenrouter_backend.export.router_prompts import TrainingPrompt, training_prompts
+from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts
+from tokenrouter_backend.learning.router_training import TrainReport, report_text, train
 from tokenrouter_backend.operations.decision_log import record_to_json
 from tokenrouter_backend.operations.route_setup import vocabulary_texts
-from tokenrouter_backend.operations.router_training import TrainReport, report_text, train
 
 ROUTER_FILE = "router.json"
 RECORDS_FILE = "router_train.jsonl"
@@ -125,7 +125,7 @@ def build_router(work: Path, tokenizer, tokenizer_json: Path, end_ids: Sequence[
                    seed=options.seed)
     report.router.trained.update({
         "source": "tokenrouter export --train-router", "prompts": len(prompts),
-        "prompt_set": "export/router_prompts.py", "max_tokens": options.max_tokens,
+        "prompt_set": "learning/router_prompts.py", "max_tokens": options.max_tokens,
         "block_size": options.block_size, "build_s": round(time.perf_counter() - t0, 1)})
     out_dir.mkdir(parents=True, exist_ok=True)
     report.router.save(out_dir / ROUTER_FILE)

@@ -1,3 +1,3 @@
-"""Operating the router: admission, A/B, the override switch, decision log and replay, load and
-threshold control, metrics.
+"""Operating the router: admission, A/B, the override switch, decision log, route setup, load
+and threshold control, metrics.
 """
