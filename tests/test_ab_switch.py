@@ -8,8 +8,8 @@ import pytest
 
 from support.fakes import make_pair
 from support.ops_helpers import PROMPTS
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.operations.ab import (
     ARM_DEFAULT,
     ARM_EXPLICIT,

@@ -4,7 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.acceptance import accept_greedy, accept_route, accept_speculative, heavy_own_positions
+from tokenrouter_backend.core.loop.acceptance import (
+    accept_greedy,
+    accept_route,
+    accept_speculative,
+    heavy_own_positions,
+)
 
 DRAFTS = np.array([5, 6, 7])
 CHOICES = np.array([5, 9, 7, 8])  # the heavy model prefers 9 where the light model drafted 6

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.branch_protocol import BranchOp
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp
 from tokenrouter_backend.engine.branch_engine import BranchEngine
 from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
 from tokenrouter_backend.export import quantize

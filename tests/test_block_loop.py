@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from support.fakes import VOCAB, FakeBranch, ToyLM, make_pair
-from tokenrouter_backend.core.block_loop import BlockLoop, GenerationRequest, RequestCancelled, generate
-from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.loop.block_loop import BlockLoop, GenerationRequest, RequestCancelled, generate
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 
 PROMPTS = [tuple(int(x) for x in np.random.default_rng(i).integers(0, VOCAB, size=3 + i % 7)) for i in range(24)]
 
@@ -123,7 +123,7 @@ def test_speculative_sampling_matches_heavy_distribution():
         counts_v[run(prompt, "verify", **g)[0][0]] += 1
         counts_h[run(prompt, "heavy", random_seed=seed + 10_000, temperature=1.0, max_tokens=1)[0][0]] += 1
     # the exact heavy distribution for the first token
-    from tokenrouter_backend.core.sampling import softmax
+    from tokenrouter_backend.core.loop.sampling import softmax
     p = softmax(ToyLM().logits(list(prompt))[None])[0]
     for counts in (counts_v, counts_h):
         freq = np.array([counts[i] for i in range(VOCAB)]) / n

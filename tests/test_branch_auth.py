@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from tokenrouter_backend.core import branch_auth
-from tokenrouter_backend.core.branch_auth import (
+from tokenrouter_backend.core.protocol import branch_auth
+from tokenrouter_backend.core.protocol.branch_auth import (
     KEY_ENV,
     KEY_FILE,
     KEY_PARAMETER,

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from support.fixtures_engine import ToyLM
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, KVBudgetFull, Sampling, SessionMissing
-from tokenrouter_backend.core.sampling import entropy, softmax
+from tokenrouter_backend.core.loop.sampling import entropy, softmax
+from tokenrouter_backend.core.protocol.branch_protocol import (
+    BranchError,
+    BranchOp,
+    KVBudgetFull,
+    Sampling,
+    SessionMissing,
+)
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.kv_session import KVShape
 from tokenrouter_backend.engine.kv_store import KVStore

@@ -8,8 +8,8 @@ import pytest
 from support.branch_calls import branch_call
 from support.serving_helpers import model_stats
 from tokenrouter_backend.client.triton_client import generate_grpc, generate_http
-from tokenrouter_backend.core.branch_auth import KEY_FILE, KEY_PARAMETER
-from tokenrouter_backend.core.branch_protocol import BranchOp
+from tokenrouter_backend.core.protocol.branch_auth import KEY_FILE, KEY_PARAMETER
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp
 
 pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from support.fakes import StubFamily, fake_pb_module
-from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_PARAMETER, BranchKeyError
-from tokenrouter_backend.core.branch_protocol import TENSOR_OUTPUTS, BranchOp, op_to_arrays, result_from_arrays
+from tokenrouter_backend.core.protocol.branch_auth import KEY_ENV, KEY_PARAMETER, BranchKeyError
+from tokenrouter_backend.core.protocol.branch_protocol import TENSOR_OUTPUTS, BranchOp, op_to_arrays, result_from_arrays
 
 TEST_KEY = "k" * 24
 

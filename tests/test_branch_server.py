@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tokenrouter_backend.core.branch_auth import key_parameters, write_key_files
-from tokenrouter_backend.core.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
+from tokenrouter_backend.core.protocol.branch_auth import key_parameters, write_key_files
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, op_to_arrays, result_from_arrays
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.server import process as launcher
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from support.fakes import FakeBranch, ToyLM
-from tokenrouter_backend.core.branch_protocol import BranchOp
-from tokenrouter_backend.core.cost_model import (
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp
+from tokenrouter_backend.core.signals.cost_model import (
     BranchCosts,
     CostConfig,
     CostCurve,
@@ -134,7 +134,7 @@ def test_metered_branch_feeds_the_curve():
     branch = MeteredBranch(FakeBranch("heavy", ToyLM()), curve)
 
     async def go():
-        from tokenrouter_backend.core.branch_protocol import BranchResult
+        from tokenrouter_backend.core.protocol.branch_protocol import BranchResult
         inner = branch.inner
 
         async def timed(op):
@@ -154,7 +154,7 @@ def test_metered_branch_feeds_the_curve():
 
 # ---- through Operations' hooks: the plan a request gets --------------------------------
 def _ops(**params):
-    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.core.protocol.params import RouterDefaults
     from tokenrouter_backend.operations.admission import Operations
 
     return Operations({k: str(v) for k, v in params.items()}, RouterDefaults())
@@ -172,7 +172,7 @@ def _teach(costs, heavy: Curve, light: Curve, batch: int, verdicts: bool = True)
 
 
 def _plan(ops, prompt_len=20, **given):
-    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.core.protocol.params import RouterDefaults
     from tokenrouter_backend.operations.admission import RequestInfo
 
     params = RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 256, **given})
@@ -181,7 +181,7 @@ def _plan(ops, prompt_len=20, **given):
 
 
 def test_hooks_plan_heavy_steps_on_a_loaded_cpu_and_drafts_on_a_gpu():
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.protocol.names import Mode
 
     cpu = _ops()
     _teach(cpu.costs, Curve(2.0, 40.0), Curve(1.0, 12.0), batch=8)
@@ -197,7 +197,7 @@ def test_hooks_plan_heavy_steps_on_a_loaded_cpu_and_drafts_on_a_gpu():
 
 
 def test_overload_degradation_needs_the_server_and_the_request():
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.protocol.names import Mode
 
     for server, request, expect in ((True, True, True), (True, False, False), (False, True, False)):
         ops = _ops(overload_degradation=str(server).lower())
@@ -235,8 +235,8 @@ def test_ngram_acceptance_prior_and_verdicts():
 
 
 def test_hooks_plan_ngram_drafts_into_heavy_steps_until_they_stop_matching():
-    from tokenrouter_backend.core.hooks import BlockRecord
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.loop.hooks import BlockRecord
+    from tokenrouter_backend.core.protocol.names import Mode
 
     ops = _ops()
     _teach(ops.costs, MEASURED_CPU, Curve(261.0, 31.0), batch=8)
@@ -263,7 +263,7 @@ def _admission(prompt_len):
 
 
 def hooks_params():
-    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.core.protocol.params import RouterDefaults
 
     return RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 48})
 
@@ -272,8 +272,8 @@ def test_the_light_decision_is_planned_once_and_reported_in_routing_stats():
     """The estimate behind ``light_skipped``: the saving and the prefill it was weighed
     against reach the plan, and through the block loop the request's routing_stats."""
     from support.fakes import make_pair
-    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.protocol.names import Mode
 
     p = Planner(heavy=Curve(300.0, 8.0), light=Curve(60.0, 4.0))
     est = p.light_estimate(prompt_tokens=2800, new_tokens=32, acceptance=0.8, max_block=16, chunk=256)
@@ -303,7 +303,7 @@ def test_the_light_decision_is_planned_once_and_reported_in_routing_stats():
 def test_until_the_light_curve_is_fitted_it_is_the_heavy_one_scaled():
     """A fresh server whose first requests are long: the light model never ran, yet its
     prefill is weighed (cost_light_ratio) instead of the block schedule paying for it."""
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.protocol.names import Mode
 
     costs = BranchCosts(CostConfig(light_ratio=0.5))
     assert costs.planner() is None  # nothing known: the block schedule decides
@@ -343,8 +343,8 @@ def test_route_blocks_are_planned_on_their_own_terms():
 
 
 def test_hooks_learn_the_route_stand_rate_from_route_blocks():
-    from tokenrouter_backend.core.hooks import Action, BlockRecord
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.loop.hooks import Action, BlockRecord
+    from tokenrouter_backend.core.protocol.names import Mode
 
     ops = _ops(cost_route_prior_stand=0.5)
     _teach(ops.costs, MIX_CPU_HEAVY, MIX_CPU_LIGHT, batch=8)
@@ -381,7 +381,7 @@ def test_an_unmeasured_light_model_is_explored_by_requests_with_a_cheap_light_pr
     light step or verdict, so with a pessimistic prior every later request would skip the
     light model for good. Until the light model is measured a short prompt explores (the
     block schedule runs); a long one still weighs the prefill; once measured, the curves decide."""
-    from tokenrouter_backend.core.names import Mode
+    from tokenrouter_backend.core.protocol.names import Mode
 
     ops = _ops(cost_light_ratio=4.0)  # the prior: a light forward costs 4 heavy ones, never pays
     for tokens in (1, 2, 4, 8, 16, 256) * 5:

@@ -7,7 +7,7 @@ import time
 
 from support.fakes import make_pair
 from support.ops_helpers import PROMPTS, Recorder, run_one
-from tokenrouter_backend.core.hooks import Action
+from tokenrouter_backend.core.loop.hooks import Action
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, RouterFileError
+from tokenrouter_backend.core.signals.learned_router import FEATURES, LearnedRouter, RouterFileError
 from tokenrouter_backend.export.pipeline import ExportOptions, export_pair
 from tokenrouter_backend.server import paths
 
@@ -112,8 +112,8 @@ def test_a_server_routes_with_the_router_its_export_trained(tiny_pair, tmp_path,
     from support.triton_repo import set_params
     from tokenrouter_backend.cli import main as cli_main
     from tokenrouter_backend.client import triton_client
-    from tokenrouter_backend.core.hooks import Action
-    from tokenrouter_backend.core.learned_router import feature_matrix
+    from tokenrouter_backend.core.loop.hooks import Action
+    from tokenrouter_backend.core.signals.learned_router import feature_matrix
     from tokenrouter_backend.operations.decision_log import read_log
 
     out = tmp_path / "repository"

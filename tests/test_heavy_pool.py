@@ -9,9 +9,9 @@ import pytest
 from support.fake_triton_grpc import FakeBranchServer, scripted
 from tokenrouter_backend.branches.heavy_pool import HeavyPool, PoolConfig, parse_heavy_urls
 from tokenrouter_backend.branches.rendezvous import ranked
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, SessionMissing
-from tokenrouter_backend.core.branch_view import BranchView
-from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.core.loop.branch_view import BranchView
+from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp, SessionMissing
 from tokenrouter_backend.operations.metrics import SPEC_BY_NAME, pool_updates
 
 FAST = PoolConfig(recheck_s=0.2, max_recheck_s=0.4, check_timeout_s=1.0, connect_retries=0, connect_backoff_s=0.0)

@@ -27,7 +27,6 @@ NOT_COPIED = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-in
 
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory):
-    pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools")
     tmp = tmp_path_factory.mktemp("house")
     src, out = tmp / "src", tmp / "dist"
     shutil.copytree(ROOT, src, ignore=NOT_COPIED, symlinks=True)

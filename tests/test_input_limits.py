@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from support.fakes import fake_pb_module
-from tokenrouter_backend.core import input_limits
-from tokenrouter_backend.core.input_limits import DEFAULT_MAX_INPUT_BYTES, MIB, text_input
-from tokenrouter_backend.core.params import InvalidRequest
-from tokenrouter_backend.core.stop_text import parse_stop_words
+from tokenrouter_backend.core.protocol import input_limits
+from tokenrouter_backend.core.protocol.input_limits import DEFAULT_MAX_INPUT_BYTES, MIB, text_input
+from tokenrouter_backend.core.protocol.params import InvalidRequest
+from tokenrouter_backend.core.text.stop_text import parse_stop_words
 
 
 def test_text_input_is_measured_in_bytes_before_decoding():

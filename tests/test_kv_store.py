@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, KVBudgetFull, SessionMissing
 from tokenrouter_backend.engine.kv_session import MIN_CAPACITY, KVShape
 from tokenrouter_backend.engine.kv_store import KVStore
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from support.fixtures_engine import ToyLM
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, SessionMissing
-from tokenrouter_backend.core.sampling import softmax
+from tokenrouter_backend.core.loop.sampling import softmax
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp, SessionMissing
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 
 SINK, WINDOW = 4, 16
@@ -99,8 +99,8 @@ def test_router_sends_a_windowed_light_prefill_whole_and_defaults_apply_to_verif
     import asyncio
 
     from support.fakes import make_pair
-    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-    from tokenrouter_backend.core.params import RouterDefaults
+    from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.protocol.params import RouterDefaults
 
     d = RouterDefaults(prefill_chunk_tokens=8, light_kv_window=16)
     assert d.request_params({"router_mode": "route"}).light_kv_window == 0

@@ -32,6 +32,13 @@ ALLOWED = {
     "cli": {"core", "engine", "branches", "operations", "learning", "serving", "server", "export", "client",
             "openai_front", "bench"},
 }
+# core/ by purpose: sub-folder -> the core sub-folders it may import (the same rule, one level down)
+CORE_ALLOWED = {
+    "protocol": set(),  # the branch contract, names, a request's parameters
+    "text": {"protocol"},  # detokenization, stop rules on tokens and on text
+    "signals": {"protocol"},  # route gate, learned router, token classes, prompt signals, cost curves
+    "loop": {"protocol", "text", "signals"},  # the decode loop and its strategies
+}
 ROOT_MODULES = {"__init__", "__main__"}  # the package itself: its version and `python -m`
 FRAMEWORKS = ("tritonclient", "triton_python_backend_utils", "onnxruntime", "torch",
               "transformers", "grpc", "tokenizers", "onnx")
@@ -113,6 +120,32 @@ def test_layers_import_only_downward():
             elif there != here and there not in ALLOWED[here]:
                 wrong.append(f"{source} ({here}) -> {target} ({there})")
     assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
+
+
+def core_part(name: str) -> str | None:
+    """The core sub-folder of a module name; None outside core/ (or core's own __init__)."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "core" else None
+
+
+def test_every_core_module_sits_in_a_purpose_folder():
+    loose = [p.name for p in (PACKAGE_DIR / "core").glob("*.py") if p.name != "__init__.py"]
+    assert not loose, f"core modules outside core's sub-folders: {loose}"
+    folders = {p.name for p in (PACKAGE_DIR / "core").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(CORE_ALLOWED), f"core sub-folders {sorted(folders)} != {sorted(CORE_ALLOWED)}"
+
+
+def test_core_parts_import_only_downward():
+    wrong = []
+    for source, targets in graph().items():
+        here = core_part(source)
+        if here is None:
+            continue
+        for target in targets:
+            there = core_part(target)
+            if there is not None and there != here and there not in CORE_ALLOWED[here]:
+                wrong.append(f"{source} (core/{here}) -> {target} (core/{there})")
+    assert not wrong, "imports against core's order:\n" + "\n".join(sorted(wrong))
 
 
 def test_core_imports_no_framework_and_only_serving_touches_pb_utils():

@@ -8,10 +8,10 @@ from test_block_loop import run
 from test_ngram import copy_prompt
 
 from support.fakes import make_pair
-from tokenrouter_backend.core.branch_protocol import BranchResult
-from tokenrouter_backend.core.drafts import Drafts
-from tokenrouter_backend.core.light_copies import read_copy
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.loop.drafts import Drafts
+from tokenrouter_backend.core.loop.light_copies import read_copy
+from tokenrouter_backend.core.protocol.branch_protocol import BranchResult
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
 
 
 def scored(tokens, probs, margin=True):

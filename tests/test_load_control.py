@@ -5,9 +5,9 @@ import asyncio
 
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, run_one
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.hooks import BlockRecord
-from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.loop.hooks import BlockRecord
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.load_control import LoadConfig, LoadController
 

@@ -10,7 +10,8 @@ from support.fakes import FakeBranch, ToyLM
 from support.fixtures_engine import ToyLM as EngineToyLM
 from support.ops_helpers import PROMPTS, Recorder, run_one
 from tokenrouter_backend.branches.remote import OPTIONAL_OUTPUTS
-from tokenrouter_backend.core.branch_protocol import (
+from tokenrouter_backend.core.loop.hooks import Action
+from tokenrouter_backend.core.protocol.branch_protocol import (
     TENSOR_OUTPUTS,
     BranchOp,
     BranchResult,
@@ -18,11 +19,15 @@ from tokenrouter_backend.core.branch_protocol import (
     result_from_arrays,
     result_to_arrays,
 )
-from tokenrouter_backend.core.hooks import Action
-from tokenrouter_backend.core.learned_router import FEATURES, REQUEST_STATE_FEATURES, LearnedRouter, feature_matrix
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, RouteGate
-from tokenrouter_backend.core.token_classes import TokenClass
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.signals.learned_router import (
+    FEATURES,
+    REQUEST_STATE_FEATURES,
+    LearnedRouter,
+    feature_matrix,
+)
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteContext, RouteGate
+from tokenrouter_backend.core.signals.token_classes import TokenClass
 from tokenrouter_backend.engine.branch_engine import BranchEngine
 from tokenrouter_backend.engine.step_scores import top_margin
 from tokenrouter_backend.learning import router_training as rt

@@ -9,8 +9,8 @@ import pytest
 
 from support.fakes import StubFamily, make_pair
 from support.ops_helpers import PROMPTS
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.metrics import COUNTER, HISTOGRAM, SPECS, RouterMetrics, request_updates
 

@@ -5,9 +5,9 @@ import numpy as np
 from test_block_loop import run
 
 from support.fakes import make_pair
-from tokenrouter_backend.core.acceptance import one_hot
-from tokenrouter_backend.core.ngram import NgramDrafter, NgramSettings, lookup
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.loop.acceptance import one_hot
+from tokenrouter_backend.core.loop.ngram import NgramDrafter, lookup
+from tokenrouter_backend.core.protocol.params import InvalidRequest, NgramSettings, RouterDefaults
 
 
 def test_lookup_takes_the_latest_longest_match():
@@ -89,7 +89,7 @@ def test_sampled_verify_with_ngram_drafts_is_reproducible():
 
 
 def test_answer_cache_follows_an_earlier_answer_while_the_output_does():
-    from tokenrouter_backend.core.answer_cache import AnswerCache, follow
+    from tokenrouter_backend.core.loop.answer_cache import AnswerCache, follow
 
     cache = AnswerCache(entries=2)
     cache.put((1, 2), (5, 6, 7))
@@ -104,8 +104,8 @@ def test_answer_cache_follows_an_earlier_answer_while_the_output_does():
 def test_a_repeated_prompt_drafts_its_earlier_answer_losslessly():
     import asyncio
 
-    from tokenrouter_backend.core.answer_cache import AnswerCache
-    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.loop.answer_cache import AnswerCache
+    from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
 
     cache = AnswerCache()
     prompt = tuple(range(5, 12))
@@ -137,8 +137,8 @@ class HeavyStepsPlan:
         self.free, self.records = free, []
 
     def plan(self, params, block):
-        from tokenrouter_backend.core.hooks import BlockPlan
-        from tokenrouter_backend.core.names import Mode
+        from tokenrouter_backend.core.loop.hooks import BlockPlan
+        from tokenrouter_backend.core.protocol.names import Mode
 
         return BlockPlan(params, params.block_size, Mode.HEAVY, free_drafts=self.free)
 
@@ -149,7 +149,7 @@ class HeavyStepsPlan:
 def _run_planned(prompt, mode, free, **given):
     import asyncio
 
-    from tokenrouter_backend.core.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
 
     light, heavy = make_pair()
     params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": 30, **given})

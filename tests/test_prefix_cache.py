@@ -3,7 +3,7 @@ across sessions and chunked sends, are reference counted, and yield to live sess
 import numpy as np
 
 from support.fixtures_engine import ToyLM
-from tokenrouter_backend.core.branch_protocol import BranchOp, KVBudgetFull
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, KVBudgetFull
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.kv_session import KVShape
 from tokenrouter_backend.engine.kv_store import KVStore

@@ -10,7 +10,7 @@ import pytest
 
 from support.fake_triton_grpc import FakeBranchServer, scripted  # pytest puts tests/ on sys.path
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV, RemoteBranch, resolve_heavy_url
-from tokenrouter_backend.core.branch_protocol import (
+from tokenrouter_backend.core.protocol.branch_protocol import (
     BranchError,
     BranchOp,
     BranchResult,

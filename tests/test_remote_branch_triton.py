@@ -13,7 +13,7 @@ import pytest
 
 from support.triton_repo import write_python_model  # pytest puts tests/ on sys.path
 from tokenrouter_backend.branches.remote import RemoteBranch
-from tokenrouter_backend.core.branch_protocol import (
+from tokenrouter_backend.core.protocol.branch_protocol import (
     TENSOR_INPUTS,
     BranchError,
     BranchOp,
@@ -40,7 +40,7 @@ OUTPUTS_CONFIG = """\
 SCRIPTED_BRANCH_MODEL = f"""\
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tokenrouter_backend.core.branch_protocol import (
+from tokenrouter_backend.core.protocol.branch_protocol import (
     BranchResult, SessionMissing, op_from_arrays, result_to_arrays)
 
 

@@ -15,11 +15,11 @@ from support.fakes import VOCAB, FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, Recorder
 from tokenrouter_backend.cli import main as cli_main
 from tokenrouter_backend.client.routing_view import coloured, legend
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
-from tokenrouter_backend.core.routing_trace import Kind, routing_runs, runs
-from tokenrouter_backend.core.token_classes import VocabClasses
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.loop.routing_trace import Kind, routing_runs, runs
+from tokenrouter_backend.core.protocol.params import RouterDefaults
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteGate
+from tokenrouter_backend.core.signals.token_classes import VocabClasses
 from tokenrouter_backend.learning.replay_html import rebuild, render
 from tokenrouter_backend.operations.decision_log import DecisionLog, read_log
 

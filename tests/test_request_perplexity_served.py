@@ -17,10 +17,10 @@ import pytest
 from support.triton_repo import set_params
 from tokenrouter_backend.branches.in_process import InProcessBranch
 from tokenrouter_backend.client import triton_client
-from tokenrouter_backend.core.names import LIGHT, Mode
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.prompt_segments import TokenSurprise
-from tokenrouter_backend.core.prompt_surprise import measure
+from tokenrouter_backend.core.protocol.names import LIGHT, Mode
+from tokenrouter_backend.core.protocol.params import RouterDefaults
+from tokenrouter_backend.core.signals.prompt_segments import TokenSurprise
+from tokenrouter_backend.core.signals.prompt_surprise import measure
 from tokenrouter_backend.engine.branch_engine import BranchEngine
 from tokenrouter_backend.engine.onnx_lm import OnnxCausalLM
 from tokenrouter_backend.operations.request_policy import RequestPolicyConfig, decide

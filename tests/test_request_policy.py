@@ -6,9 +6,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tokenrouter_backend.core.names import Mode
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.prompt_segments import MAX_SEGMENT_CHARS, SegmentKind, difficulty, score_prompt, segments
+from tokenrouter_backend.core.protocol.names import Mode
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.signals.prompt_segments import (
+    MAX_SEGMENT_CHARS,
+    SegmentKind,
+    difficulty,
+    score_prompt,
+    segments,
+)
 from tokenrouter_backend.operations.ab import ARM_REQUEST, ARM_TOKEN, ab_bucket, request_key
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.request_policy import RequestPolicyConfig, decide
@@ -68,7 +74,7 @@ def test_ab_request_arm_runs_the_policy_token_arm_the_configured_mode():
 
 
 def test_segment_spans_and_token_nll_land_in_the_segment_of_their_last_character():
-    from tokenrouter_backend.core.prompt_segments import TokenSurprise, segment_nll, segment_spans, segments
+    from tokenrouter_backend.core.signals.prompt_segments import TokenSurprise, segment_nll, segment_spans, segments
 
     prompt = "Say hi.  Then count the apples: 3 + 4."
     segs = segments(prompt)
@@ -83,7 +89,7 @@ def test_segment_spans_and_token_nll_land_in_the_segment_of_their_last_character
 
 
 def test_perplexity_term_raises_difficulty_and_can_turn_route_into_verify():
-    from tokenrouter_backend.core.prompt_segments import PerplexityRule, TokenSurprise, score_prompt
+    from tokenrouter_backend.core.signals.prompt_segments import PerplexityRule, TokenSurprise, score_prompt
 
     rule = PerplexityRule(nll_easy=1.0, nll_hard=3.0, weight=0.3)
     assert rule.term(0.5) == 0.0 and rule.term(2.0) == pytest.approx(0.15) and rule.term(9.0) == pytest.approx(0.3)
@@ -116,8 +122,8 @@ def test_measure_scores_every_prompt_token_in_chunks_and_releases_its_session():
     import asyncio
 
     from support.fakes import FakeBranch, ToyLM
-    from tokenrouter_backend.core.branch_protocol import BranchOp
-    from tokenrouter_backend.core.prompt_surprise import measure
+    from tokenrouter_backend.core.protocol.branch_protocol import BranchOp
+    from tokenrouter_backend.core.signals.prompt_surprise import measure
 
     light = FakeBranch("light", ToyLM(seed=1))
     prompt = tuple(range(3, 40))

@@ -12,9 +12,9 @@ import asyncio
 import numpy as np
 
 from support.fakes import VOCAB, FakeBranch
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.stop_text import StopText
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.protocol.params import RouterDefaults
+from tokenrouter_backend.core.text.stop_text import StopText
 
 END = VOCAB - 1
 COUNT = VOCAB - 1  # tokens 0..COUNT-1 are counted; END is never counted

@@ -11,12 +11,12 @@ import pytest
 
 from support.fakes import VOCAB, FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, Recorder
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.hooks import Action
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter, RouterFileError, feature_matrix
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.route_gate import DEFAULT_POLICY, ClassPolicy, RouteContext, RouteGate
-from tokenrouter_backend.core.token_classes import TokenClass, VocabClasses, base_class
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.loop.hooks import Action
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.signals.learned_router import FEATURES, LearnedRouter, RouterFileError, feature_matrix
+from tokenrouter_backend.core.signals.route_gate import DEFAULT_POLICY, ClassPolicy, RouteContext, RouteGate
+from tokenrouter_backend.core.signals.token_classes import TokenClass, VocabClasses, base_class
 from tokenrouter_backend.operations.route_setup import build_route_gate
 
 # a toy vocabulary: ids 0-9 are digits, 10-14 operators, 15 "def", 16 newline, 17 "return", rest words

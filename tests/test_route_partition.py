@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from support.fakes import VOCAB, FakeBranch, ToyLM
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
-from tokenrouter_backend.core.token_classes import TokenClass
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.protocol.params import RouterDefaults
+from tokenrouter_backend.core.signals.learned_router import FEATURES, LearnedRouter
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteGate
+from tokenrouter_backend.core.signals.token_classes import TokenClass
 
 PROMPTS = [(1, 2, 3), (7, 7, 30, 4), (12, 5, 9, 21, 3, 3), (38, 1)]
 BLOCKS = [dict(block_schedule="fixed", block_size=b) for b in (1, 2, 3, 5, 8)] + [

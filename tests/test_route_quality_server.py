@@ -19,9 +19,9 @@ import pytest
 
 from tokenrouter_backend.cli import main as cli_main
 from tokenrouter_backend.client import triton_client
-from tokenrouter_backend.core.hooks import Action
-from tokenrouter_backend.core.learned_router import LearnedRouter
-from tokenrouter_backend.core.token_classes import TokenClass
+from tokenrouter_backend.core.loop.hooks import Action
+from tokenrouter_backend.core.signals.learned_router import LearnedRouter
+from tokenrouter_backend.core.signals.token_classes import TokenClass
 from tokenrouter_backend.operations.decision_log import read_log
 
 pytestmark = pytest.mark.triton

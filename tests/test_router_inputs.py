@@ -12,9 +12,9 @@ import pytest
 
 from support.fakes import fake_pb_module
 from tokenrouter_backend.branches.bls import BlsAnswer, BlsBranch
-from tokenrouter_backend.core.branch_protocol import BranchOp, KVBudgetFull, SessionMissing, encode_error
-from tokenrouter_backend.core.names import Mode
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, KVBudgetFull, SessionMissing, encode_error
+from tokenrouter_backend.core.protocol.names import Mode
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.serving.backend import bls_exec
 from tokenrouter_backend.serving.request import parse_request, request_info
 from tokenrouter_backend.serving.router_inputs import INPUT_NAMES, PARAM_INPUTS, RouterInputs, read_router_request
@@ -135,7 +135,7 @@ class FakeBls:
 
 
 def test_bls_exec_builds_the_request_and_reads_the_answer():
-    from tokenrouter_backend.core.branch_protocol import BranchResult, result_to_arrays
+    from tokenrouter_backend.core.protocol.branch_protocol import BranchResult, result_to_arrays
 
     result = BranchResult(tokens=np.array([4, 5]), token_probs=np.array([0.5, 0.25]), entropy=np.zeros(2),
                           input_probs=np.zeros(2), session_len=3)

@@ -8,11 +8,11 @@ import pytest
 
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, run_one
-from tokenrouter_backend.core.hooks import Action, BlockRecord
-from tokenrouter_backend.core.learned_router import FEATURES, LearnedRouter
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteContext, RouteGate, router_bar
-from tokenrouter_backend.core.token_classes import TokenClass
+from tokenrouter_backend.core.loop.hooks import Action, BlockRecord
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.signals.learned_router import FEATURES, LearnedRouter
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteContext, RouteGate, router_bar
+from tokenrouter_backend.core.signals.token_classes import TokenClass
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.threshold_control import (
     DYNAMIC_WARMUP,

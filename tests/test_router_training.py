@@ -9,9 +9,9 @@ import pytest
 from support.fakes import VOCAB, FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, Recorder, run_one
 from tokenrouter_backend.cli import main as cli_main
-from tokenrouter_backend.core.learned_router import LearnedRouter
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
-from tokenrouter_backend.core.token_classes import TokenClass, VocabClasses
+from tokenrouter_backend.core.signals.learned_router import LearnedRouter
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteGate
+from tokenrouter_backend.core.signals.token_classes import TokenClass, VocabClasses
 from tokenrouter_backend.learning import router_training as rt
 from tokenrouter_backend.operations.decision_log import DecisionLog
 

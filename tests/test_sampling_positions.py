@@ -15,13 +15,13 @@ import pytest
 
 from support.fixtures_engine import ToyLM
 from tokenrouter_backend.branches.local_pair import LocalPair
-from tokenrouter_backend.core.acceptance import ACCEPT_STREAM
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, Sampling
-from tokenrouter_backend.core.names import HEAVY, LIGHT
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.sampling import choose, position_rng, processed_probs
+from tokenrouter_backend.core.loop.acceptance import ACCEPT_STREAM
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.loop.sampling import choose, position_rng, processed_probs
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, BranchResult, Sampling
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 from tokenrouter_backend.engine.branch_engine import BranchEngine
 
 BLOCK_SIZES = (1, 3, 4, 16)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from support.fakes import VOCAB, make_pair
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.detokenize import Detokenizer
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.stop_text import StopText, TextHit, parse_stop_words
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.text.detokenize import Detokenizer
+from tokenrouter_backend.core.text.stop_text import StopText, TextHit, parse_stop_words
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 TABLE = {t: LETTERS[t % 26] + LETTERS[(t * 7 + 3) % 26] + (" " if t % 3 == 0 else LETTERS[(t * 5) % 26])

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter_backend.core.names import Mode
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.prompt_segments import (
+from tokenrouter_backend.core.protocol.names import Mode
+from tokenrouter_backend.core.protocol.params import RouterDefaults
+from tokenrouter_backend.core.signals.prompt_segments import (
     CRITICAL_LEVEL,
     SegmentKind,
     difficulty,
@@ -13,7 +13,7 @@ from tokenrouter_backend.core.prompt_segments import (
     score_prompt,
     segments,
 )
-from tokenrouter_backend.core.task_continuity import group_runs, link_keys
+from tokenrouter_backend.core.signals.task_continuity import group_runs, link_keys
 from tokenrouter_backend.operations.request_policy import RequestPolicyConfig, decide
 
 PARAMS = RouterDefaults().request_params({"router_mode": "route"})

@@ -6,7 +6,7 @@ from test_load_control import serve
 
 from support.fakes import FakeBranch, ToyLM
 from support.ops_helpers import PROMPTS, heavy_agreement, run_one
-from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 
 ROUTE = RouterDefaults(mode="route", confidence_threshold=0.7)

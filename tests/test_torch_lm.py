@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokenrouter_backend.branches.local_pair import LocalPair
-from tokenrouter_backend.core.branch_protocol import BranchOp
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp
 from tokenrouter_backend.engine.branch_engine import BranchEngine
 from tokenrouter_backend.engine.kv_session import KVShape
 from tokenrouter_backend.engine.kv_store import KVStore

@@ -26,8 +26,8 @@ from support.split_setup import (
     set_heavy_url,
     single_server_reference,
 )
-from tokenrouter_backend.core.branch_auth import KEY_ENV, KEY_FILE
-from tokenrouter_backend.core.branch_protocol import BranchOp
+from tokenrouter_backend.core.protocol.branch_auth import KEY_ENV, KEY_FILE
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp
 from tokenrouter_backend.server.ports import free_ports
 from tokenrouter_backend.server.process import TritonServer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenrouter_backend.core.route_gate import ClassPolicy
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy
 from tokenrouter_backend.export.router_build import RouterBuildOptions, collect_records, prompt_ids, vocab_classes
 from tokenrouter_backend.learning.replay import predict_mask
 from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenrouter_backend.core.names import HEAVY, LIGHT
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT
 from tokenrouter_backend.engine.onnx_lm import OrtThreading
 
 LOCK_GAP_S = 0.002

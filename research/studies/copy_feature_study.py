@@ -4,7 +4,7 @@
     .venv/bin/python research/studies/copy_feature_study.py REPO OUT [--tokens 64]
 
 The candidate features, per drafted token: what the n-gram copy of the text before it says
-(the prompt-lookup of ``core/ngram.py``, suffixes of 3 to 5 tokens): ``copy_same`` = the copy
+(the prompt-lookup of ``core/loop/ngram.py``, suffixes of 3 to 5 tokens): ``copy_same`` = the copy
 continues with the drafted token, ``copy_other`` = with another token (neither: no earlier
 occurrence). Text an answer copies from its prompt or from itself is where the light
 model's doubt might mean least: evidence that confidence does not hold.
@@ -36,7 +36,7 @@ import numpy as np
 from common import AGREEMENTS, frontier_cells, log_loss, run, scores, tokenizer_of
 
 from tokenrouter_backend.bench.workloads import CODE, STRUCTURED, TEXT, load_workloads
-from tokenrouter_backend.core.ngram import lookup
+from tokenrouter_backend.core.loop.ngram import lookup
 from tokenrouter_backend.export.router_build import prompt_ids
 from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts
 from tokenrouter_backend.learning.router_training import collect_samples, fit_logistic, sampled_drafts

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tokenrouter_backend.core.learned_router import LearnedRouter
-from tokenrouter_backend.core.route_gate import ClassPolicy
+from tokenrouter_backend.core.signals.learned_router import LearnedRouter
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy
 from tokenrouter_backend.learning.router_training import collect_samples, frontier
 from tokenrouter_backend.operations.decision_log import read_log
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenrouter_backend.core.branch_auth import key_parameters
-from tokenrouter_backend.core.branch_protocol import TENSOR_INPUTS, BranchOp, op_to_arrays
+from tokenrouter_backend.core.protocol.branch_auth import key_parameters
+from tokenrouter_backend.core.protocol.branch_protocol import TENSOR_INPUTS, BranchOp, op_to_arrays
 
 DTYPES = {name: dtype.removeprefix("TYPE_") for name, dtype in TENSOR_INPUTS.values()}
 

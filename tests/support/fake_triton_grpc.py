@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult, op_from_arrays, result_to_arrays
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, BranchResult, op_from_arrays, result_to_arrays
 
 NP_OF = {"UINT64": np.uint64, "INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_}
 TRITON_OF = {np.dtype(v).str: k for k, v in NP_OF.items()}

@@ -12,9 +12,9 @@ import zlib
 
 import numpy as np
 
-from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult, SessionMissing
-from tokenrouter_backend.core.sampling import choose, entropy, processed_probs
+from tokenrouter_backend.core.loop.sampling import choose, entropy, processed_probs
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp, BranchResult, SessionMissing
 
 VOCAB = 40
 

@@ -6,9 +6,9 @@ import asyncio
 import numpy as np
 
 from support.fakes import VOCAB, ToyLM
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.hooks import BlockPlan
-from tokenrouter_backend.core.params import RouterDefaults
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.loop.hooks import BlockPlan
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 
 PROMPTS = [tuple(int(x) for x in np.random.default_rng(100 + i).integers(0, VOCAB, size=4 + i % 5)) for i in range(40)]
 

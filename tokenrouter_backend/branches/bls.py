@@ -11,8 +11,8 @@ from typing import Awaitable, Callable, Mapping
 
 import numpy as np
 
-from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import (
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import (
     BranchOp,
     BranchResult,
     decode_error,

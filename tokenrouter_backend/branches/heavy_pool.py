@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from tokenrouter_backend.branches.remote import RemoteBranch, ServerUnreachable
 from tokenrouter_backend.branches.rendezvous import ranked
 from tokenrouter_backend.branches.server_health import DEFAULT_MAX_RECHECK_S, DEFAULT_RECHECK_S, ServerHealth
-from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult, SessionMissing
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp, BranchResult, SessionMissing
 
 log = logging.getLogger("tokenrouter.heavy_pool")
 

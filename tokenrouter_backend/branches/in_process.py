@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import BranchOp, BranchResult
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, BranchResult
 
 
 class InProcessBranch(Branch):

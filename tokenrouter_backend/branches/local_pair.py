@@ -6,11 +6,11 @@ import asyncio
 from dataclasses import dataclass
 
 from tokenrouter_backend.branches.in_process import InProcessBranch
-from tokenrouter_backend.core.block_loop import GenerationRequest, generate
-from tokenrouter_backend.core.hooks import BlockHooks
-from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+from tokenrouter_backend.core.loop.hooks import BlockHooks
+from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT, Mode
+from tokenrouter_backend.core.protocol.params import RouterDefaults
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 
 

@@ -23,8 +23,8 @@ import contextlib
 import logging
 import os
 
-from tokenrouter_backend.core.branch import Branch
-from tokenrouter_backend.core.branch_protocol import (
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import (
     TENSOR_INPUTS,
     TENSOR_OUTPUTS,
     BranchError,

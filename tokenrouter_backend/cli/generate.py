@@ -7,7 +7,7 @@ import sys
 
 from tokenrouter_backend.client.routing_view import coloured, legend
 from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
-from tokenrouter_backend.core.names import MODES, SCHEDULES
+from tokenrouter_backend.core.protocol.names import MODES, SCHEDULES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.route_gate import ClassPolicy
-from tokenrouter_backend.core.token_classes import CLASS_NAMES
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy
+from tokenrouter_backend.core.signals.token_classes import CLASS_NAMES
 from tokenrouter_backend.learning.outcome_labels import Labels
 from tokenrouter_backend.learning.router_training import DEFAULT_L2, NotEnoughData, report_text, train
 from tokenrouter_backend.operations.decision_log import read_log

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tokenrouter_backend.core.routing_trace import LABELS, Kind
+from tokenrouter_backend.core.loop.routing_trace import LABELS, Kind
 
 RESET = "\x1b[0m"
 ANSI = {  # foreground colours, readable on dark and light terminals

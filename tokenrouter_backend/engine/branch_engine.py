@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp, BranchResult
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp, BranchResult
 from tokenrouter_backend.engine import kv_window
 from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.forward_plan import OpWork, check_op, next_forward, session_waves

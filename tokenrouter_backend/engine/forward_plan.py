@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenrouter_backend.core.branch_protocol import BranchError, BranchOp
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp
 from tokenrouter_backend.engine.kv_session import Session
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from tokenrouter_backend.core.branch_protocol import BranchError, KVBudgetFull, SessionMissing
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, KVBudgetFull, SessionMissing
 from tokenrouter_backend.engine.kv_session import (
     MIN_CAPACITY,
     KVArrays,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenrouter_backend.core import sampling as smp
-from tokenrouter_backend.core.branch_protocol import BranchResult
+from tokenrouter_backend.core.loop import sampling as smp
+from tokenrouter_backend.core.protocol.branch_protocol import BranchResult
 from tokenrouter_backend.engine.forward_plan import OpWork
 
 

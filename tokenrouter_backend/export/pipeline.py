@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenrouter_backend.core.learned_router import LearnedRouter
+from tokenrouter_backend.core.signals.learned_router import LearnedRouter
 from tokenrouter_backend.learning import router_prompts
 
 from . import progress, quantize, router_build

@@ -15,7 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
-from tokenrouter_backend.core.branch_auth import write_key_files
+from tokenrouter_backend.core.protocol.branch_auth import write_key_files
 from tokenrouter_backend.engine.onnx_lm import INFO_FILE
 
 from .onnx_export import DATA_FILE, onnx_files
@@ -113,7 +113,7 @@ def fill_repository(template: Path, out: Path, values: dict, branches: dict[str,
     place_tokenizer(tokenizer_dir, out)
     for role, branch_dir in branches.items():
         place_branch(branch_dir, out, role)
-    write_key_files(out)  # a fresh per-deployment branch key (core/branch_auth.py)
+    write_key_files(out)  # a fresh per-deployment branch key (core/protocol/branch_auth.py)
     return write_report(out / EXPORT_REPORT, report)
 
 

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Sequence
 
 from tokenrouter_backend.branches.local_pair import LocalPair
-from tokenrouter_backend.core.block_loop import GenerationRequest
-from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
-from tokenrouter_backend.core.names import Mode
-from tokenrouter_backend.core.params import RouterDefaults
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
-from tokenrouter_backend.core.token_classes import VocabClasses
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest
+from tokenrouter_backend.core.loop.hooks import BlockPlan, BlockRecord
+from tokenrouter_backend.core.protocol.names import Mode
+from tokenrouter_backend.core.protocol.params import RouterDefaults
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteGate
+from tokenrouter_backend.core.signals.token_classes import VocabClasses
 from tokenrouter_backend.learning.router_prompts import TrainingPrompt, training_prompts
 from tokenrouter_backend.learning.router_training import TrainReport, report_text, train
 from tokenrouter_backend.operations.decision_log import record_to_json

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tokenrouter_backend.core.hooks import BlockRecord
+from tokenrouter_backend.core.loop.hooks import BlockRecord
 
 
 class Labels(str, Enum):

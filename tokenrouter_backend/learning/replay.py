@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tokenrouter_backend.core.hooks import Action, BlockRecord
+from tokenrouter_backend.core.loop.hooks import Action, BlockRecord
 
 DEFAULT_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
 DEFAULT_ROLLBACK = 0.05  # RouterDefaults.rollback_threshold

@@ -13,9 +13,9 @@ import html
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from tokenrouter_backend.core.hooks import BlockRecord
-from tokenrouter_backend.core.routing_trace import LABELS, Kind
-from tokenrouter_backend.core.token_classes import TokenClass
+from tokenrouter_backend.core.loop.hooks import BlockRecord
+from tokenrouter_backend.core.loop.routing_trace import LABELS, Kind
+from tokenrouter_backend.core.signals.token_classes import TokenClass
 
 Decode = Callable[[Sequence[int]], str]
 CONTEXT = 6  # tokens of left context when decoding one token's text

@@ -27,15 +27,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tokenrouter_backend.core.hooks import Action, BlockRecord
-from tokenrouter_backend.core.learned_router import (
+from tokenrouter_backend.core.loop.hooks import Action, BlockRecord
+from tokenrouter_backend.core.signals.learned_router import (
     FEATURES,
     REQUEST_STATE_FEATURES,
     LearnedRouter,
     feature_columns,
     feature_matrix,
 )
-from tokenrouter_backend.core.route_gate import ClassPolicy
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy
 from tokenrouter_backend.learning.outcome_labels import outcome_disagree
 from tokenrouter_backend.learning.replay import DEFAULT_GRID, Prediction, Verdicts, predict_mask
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from tokenrouter_backend.core.names import HEAVY, LIGHT
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT
 
 OPENAI_NAMES = {"stop_words": "stop", "random_seed": "seed", "text_input": "prompt"}  # ensemble -> OpenAI field
 SERVER_FAILURE_PREFIXES = ("router internal error", f"{HEAVY}:", f"{LIGHT}:", "remote ")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tokenrouter_backend.core.names import Mode
+from tokenrouter_backend.core.protocol.names import Mode
 
 ARM_DEFAULT = "default"  # A/B split off (ab_route_percent = 100)
 ARM_TOKEN = "token"  # A/B on: token-level routing (the configured mode)

@@ -17,12 +17,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from tokenrouter_backend.core.cost_model import BranchCosts, CostConfig, LightEstimate, with_prior
-from tokenrouter_backend.core.hooks import Action, BlockPlan, BlockRecord
-from tokenrouter_backend.core.names import HEAVY, LIGHT, Mode, Schedule
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
-from tokenrouter_backend.core.prompt_segments import TokenSurprise
-from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.core.loop.hooks import Action, BlockPlan, BlockRecord
+from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT, Mode, Schedule
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
+from tokenrouter_backend.core.signals.cost_model import BranchCosts, CostConfig, LightEstimate, with_prior
+from tokenrouter_backend.core.signals.prompt_segments import TokenSurprise
 from tokenrouter_backend.operations.ab import (
     ARM_EXPLICIT,
     ARM_OVERRIDE,

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from tokenrouter_backend.core.hooks import BlockRecord
+from tokenrouter_backend.core.loop.hooks import BlockRecord
 
 DEFAULT_MAX_BYTES = 64 << 20  # decision_log_max_mb default: 64 MiB per file
 DEFAULT_BACKUPS = 3  # decision_log_backups default: rotated files kept

@@ -27,9 +27,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tokenrouter_backend.core.hooks import BlockPlan, BlockRecord
-from tokenrouter_backend.core.names import Mode
-from tokenrouter_backend.core.params import RouterParams
+from tokenrouter_backend.core.loop.hooks import BlockPlan, BlockRecord
+from tokenrouter_backend.core.protocol.names import Mode
+from tokenrouter_backend.core.protocol.params import RouterParams
 
 LEVEL_NORMAL, LEVEL_CAPPED, LEVEL_RELIEVED = 0, 1, 2
 

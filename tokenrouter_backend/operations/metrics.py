@@ -21,8 +21,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tokenrouter_backend.core.names import HEAVY, LIGHT, Source
-from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT, Source
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Callable
 
-from tokenrouter_backend.core.names import MODES, Mode
+from tokenrouter_backend.core.protocol.names import MODES, Mode
 
 DEFAULT_CHECK_MS = 1000  # override_check_ms default
 

@@ -8,7 +8,7 @@ configured mode, per-token gate) with request-level routing:
   mean segment difficulty <= ``request_easy_max``         -> route at ``request_easy_threshold``
   otherwise                                               -> route at the request's own threshold
 
-Scores come from ``core/prompt_segments.py``: rules, plus — with ``request_perplexity_tokens``
+Scores come from ``core/signals/prompt_segments.py``: rules, plus — with ``request_perplexity_tokens``
 > 0 — the light model's surprise at the prompt's first tokens (``core/prompt_surprise``,
 measured by the router before admission for the requests this policy decides), added to each
 segment as ``PerplexityRule`` says (``request_nll_easy`` / ``_hard`` / ``_weight``).
@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tokenrouter_backend.core.names import Mode
-from tokenrouter_backend.core.params import InvalidRequest, RouterParams
-from tokenrouter_backend.core.prompt_segments import PerplexityRule, PromptScore, TokenSurprise, score_prompt
+from tokenrouter_backend.core.protocol.names import Mode
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterParams
+from tokenrouter_backend.core.signals.prompt_segments import PerplexityRule, PromptScore, TokenSurprise, score_prompt
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The server's route gate from config.pbtxt: class policy, vocabulary classes, router file.
 
 Parameters (router model, docs/configuration.md): ``critical_<class>`` (``verify`` or a
-scale, see ``core/route_gate.py``), ``router_file`` (a learned router JSON file; a relative
+scale, see ``core/signals/route_gate.py``), ``router_file`` (a learned router JSON file; a relative
 path is read from the router's version directory; "" = the plain confidence rule) and
 ``router_threshold`` (P(disagree) at or below which a draft stands; "" = the file's own).
 """
@@ -12,10 +12,10 @@ import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tokenrouter_backend.core.learned_router import LearnedRouter, RouterFileError
-from tokenrouter_backend.core.params import InvalidRequest, config_value
-from tokenrouter_backend.core.route_gate import ClassPolicy, RouteGate
-from tokenrouter_backend.core.token_classes import VocabClasses
+from tokenrouter_backend.core.protocol.params import InvalidRequest, config_value
+from tokenrouter_backend.core.signals.learned_router import LearnedRouter, RouterFileError
+from tokenrouter_backend.core.signals.route_gate import ClassPolicy, RouteGate
+from tokenrouter_backend.core.signals.token_classes import VocabClasses
 
 
 def load_router(parameters: Mapping[str, str], base_dir: Path) -> LearnedRouter | None:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenrouter_backend.core.hooks import BlockRecord
-from tokenrouter_backend.core.params import InvalidRequest, RouterParams
+from tokenrouter_backend.core.loop.hooks import BlockRecord
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterParams
 
 BINS = 100  # confidence histogram resolution for verdict counts
 DYNAMIC_WARMUP = 8  # confidences a request needs before its dynamic threshold applies

@@ -16,9 +16,9 @@ from typing import Mapping
 
 import triton_python_backend_utils as pb_utils
 
-from tokenrouter_backend.core.branch_auth import BranchGuard, load_key
-from tokenrouter_backend.core.branch_protocol import encode_error, op_from_arrays, result_to_arrays
-from tokenrouter_backend.core.params import ConfigCheck, config_error, dataclass_from_config
+from tokenrouter_backend.core.protocol.branch_auth import BranchGuard, load_key
+from tokenrouter_backend.core.protocol.branch_protocol import encode_error, op_from_arrays, result_to_arrays
+from tokenrouter_backend.core.protocol.params import ConfigCheck, config_error, dataclass_from_config
 from tokenrouter_backend.engine.branch_engine import BranchEngine, EngineConfig
 from tokenrouter_backend.engine.core_turns import CoreTurns
 from tokenrouter_backend.engine.onnx_lm import OrtThreading

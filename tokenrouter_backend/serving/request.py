@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tokenrouter_backend.core.block_loop import GenerationRequest
-from tokenrouter_backend.core.input_limits import MAX_STOP_IDS, check_count
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults
-from tokenrouter_backend.core.stop_text import Decode, StopText, parse_stop_words
-from tokenrouter_backend.core.stopping import split_stop_ids
+from tokenrouter_backend.core.loop.block_loop import GenerationRequest
+from tokenrouter_backend.core.protocol.input_limits import MAX_STOP_IDS, check_count
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
+from tokenrouter_backend.core.text.stop_text import Decode, StopText, parse_stop_words
+from tokenrouter_backend.core.text.stopping import split_stop_ids
 from tokenrouter_backend.operations.admission import RequestInfo
 from tokenrouter_backend.serving.router_inputs import STOP_IDS_INPUT, RouterInputs
 

@@ -23,19 +23,19 @@ import numpy as np
 from tokenrouter_backend.branches.bls import BlsBranch
 from tokenrouter_backend.branches.heavy_pool import HeavyPool, PoolConfig, parse_heavy_urls
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
-from tokenrouter_backend.core.answer_cache import AnswerCache
-from tokenrouter_backend.core.block_loop import RequestCancelled, generate
-from tokenrouter_backend.core.branch_auth import key_parameters, load_key
-from tokenrouter_backend.core.branch_protocol import BranchError
-from tokenrouter_backend.core.cost_model import MeteredBranch
-from tokenrouter_backend.core.detokenize import Detokenizer, stream_window
-from tokenrouter_backend.core.names import HEAVY, LIGHT
-from tokenrouter_backend.core.params import InvalidRequest, RouterDefaults, dataclass_from_config
-from tokenrouter_backend.core.prompt_segments import TokenSurprise
-from tokenrouter_backend.core.prompt_surprise import PromptSurprise
-from tokenrouter_backend.core.prompt_surprise import measure as measure_surprise
-from tokenrouter_backend.core.routing_trace import routing_runs
-from tokenrouter_backend.core.stats import RequestStats
+from tokenrouter_backend.core.loop.answer_cache import AnswerCache
+from tokenrouter_backend.core.loop.block_loop import RequestCancelled, generate
+from tokenrouter_backend.core.loop.routing_trace import routing_runs
+from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.protocol.branch_auth import key_parameters, load_key
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError
+from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT
+from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults, dataclass_from_config
+from tokenrouter_backend.core.signals.cost_model import MeteredBranch
+from tokenrouter_backend.core.signals.prompt_segments import TokenSurprise
+from tokenrouter_backend.core.signals.prompt_surprise import PromptSurprise
+from tokenrouter_backend.core.signals.prompt_surprise import measure as measure_surprise
+from tokenrouter_backend.core.text.detokenize import Detokenizer, stream_window
 from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts

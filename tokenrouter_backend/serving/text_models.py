@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenrouter_backend.core import input_limits
-from tokenrouter_backend.core.detokenize import Detokenizer
-from tokenrouter_backend.core.params import InvalidRequest, config_value, parse_config_value
+from tokenrouter_backend.core.protocol import input_limits
+from tokenrouter_backend.core.protocol.params import InvalidRequest, config_value, parse_config_value
+from tokenrouter_backend.core.text.detokenize import Detokenizer
 from tokenrouter_backend.serving.tensors import (
     config_parameters,
     error_response,

@@ -1,0 +1,139 @@
+"""One branch as one request sees it: the tokens its KV session holds, chunked sends, timings.
+
+A ``BranchView`` records exactly which tokens its branch session holds, so each call sends
+only what the branch has not seen and truncates (``keep_len``) whatever is not a prefix of
+the committed text any more (rejected drafts, rollbacks). It asks the branch to score only
+the positions its caller reads (``score_from``), and sends an input longer than
+``prefill_chunk`` tokens as several calls, so other requests' steps on that branch run
+between the chunks of a long prompt instead of waiting for all of it. A session that
+vanished under the request (TTL) is re-prefilled once and counted in the request's stats.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.protocol.branch import Branch
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, BranchResult, SessionMissing
+from tokenrouter_backend.core.protocol.names import HEAVY
+
+DEFAULT_PREFILL_CHUNK = 256  # tokens per call of a long input (router parameter prefill_chunk_tokens)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's result and where its scored positions sit in the sequence."""
+
+    result: BranchResult
+    sent: int  # input tokens sent (the uncached tail of the sequence + extra)
+    first_scored: int  # sequence index of the first scored input position
+    scored: int  # how many input positions were scored
+
+    @property
+    def drafts(self) -> np.ndarray:
+        """The branch's choice after the last input and any further drafted tokens."""
+        return self.result.tokens[self.scored - 1 :]
+
+    @property
+    def draft_probs(self) -> np.ndarray:
+        return self.result.token_probs[self.scored - 1 :]
+
+    @property
+    def draft_entropy(self) -> np.ndarray:
+        return self.result.entropy[self.scored - 1 :]
+
+    @property
+    def draft_margin(self) -> np.ndarray | None:
+        """Top-1 minus top-2 probability per draft; None when the branch does not report it."""
+        margin = self.result.margin
+        return margin[self.scored - 1 :] if len(margin) == len(self.result.tokens) else None
+
+
+class BranchView:
+    """One branch session of one request."""
+
+    def __init__(self, branch: Branch, session_id: int, stats: RequestStats,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_window: int = 0):
+        self.branch = branch
+        self.session_id = session_id
+        self.stats = stats
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.kv_window = kv_window  # sent with every call: the branch keeps sink + ~this many positions
+        self.cache: list[int] = []  # exactly the tokens in the branch's session
+        self.opened = False
+
+    def synced_len(self, tokens: list[int]) -> int:
+        """Cached tokens still valid: common prefix with ``tokens``, leaving >= 1 to send."""
+        n = min(len(self.cache), len(tokens) - 1)
+        i = 0
+        while i < n and self.cache[i] == tokens[i]:
+            i += 1
+        return i
+
+    def resend_from(self, length: int) -> None:
+        """The next step sends the tokens from ``length`` on again (and can score their positions)."""
+        del self.cache[length:]
+
+    async def step(self, tokens: list[int], extra=(), score_from: int | None = None, **op_fields) -> Step:
+        """Send tokens[keep:] + extra; score sequence positions from ``score_from`` on (None:
+        only the last one, which chooses the next token)."""
+        seq = list(tokens) + [int(t) for t in extra]
+        keep = self.synced_len(tokens)
+        try:
+            out = await self._send(seq, keep, score_from, op_fields)
+        except SessionMissing:
+            # expired (TTL) under us: re-prefill from scratch once
+            self.stats.reprefills += 1
+            self.stats.reprefill_tokens += keep
+            self.cache = []
+            out = await self._send(seq, 0, score_from, op_fields)
+        self.cache = seq + [int(t) for t in out.drafts[:-1]]
+        return out
+
+    async def _send(self, seq: list[int], keep: int, score_from: int | None, op_fields: dict) -> Step:
+        """The calls of one step: leading chunks of a long input (nothing scored), then the rest."""
+        n = len(seq) - keep
+        first = len(seq) - 1 if score_from is None else min(max(score_from, keep), len(seq) - 1)
+        scored = len(seq) - first
+        pos = keep
+        window, chunk = self.kv_window, self.prefill_chunk
+        if window and len(seq) - pos > window + max(chunk, scored):
+            # the branch keeps only its sink and the last ``window`` positions: one call with
+            # a window of 1 feeds the sink and leaves the rest before the window out
+            end = len(seq) - window
+            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:end]), score_last=1, kv_window=1))
+            self.cache = seq[:end]
+            pos = end
+        while len(seq) - pos > max(chunk, scored):
+            size = min(chunk, len(seq) - pos - scored)
+            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:pos + size]), score_last=1,
+                                       kv_window=self.kv_window))
+            self.cache = seq[:pos + size]
+            pos += size
+        op = BranchOp(self.session_id, pos, tuple(seq[pos:]), score_last=scored, kv_window=self.kv_window, **op_fields)
+        result = await self._timed(op)
+        return Step(result, n, first, scored)
+
+    async def _timed(self, op: BranchOp) -> BranchResult:
+        self.opened = True
+        t0 = time.perf_counter()
+        try:
+            result = await self.branch.step(op)
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            if self.branch.name == HEAVY:
+                self.stats.heavy_calls += 1
+                self.stats.heavy_ms += ms
+            else:
+                self.stats.light_calls += 1
+                self.stats.light_ms += ms
+        if self.branch.name == HEAVY:
+            self.stats.heavy_forward_ms += result.forward_ms
+            self.stats.heavy_reused_tokens += result.reused_tokens
+        else:
+            self.stats.light_forward_ms += result.forward_ms
+            self.stats.light_reused_tokens += result.reused_tokens
+        return result

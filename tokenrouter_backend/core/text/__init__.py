@@ -1,0 +1,1 @@
+"""Text helpers: incremental detokenization and stop strings matched on text."""
