@@ -3,7 +3,7 @@
 Each branch model (heavy, light) is its own Python-backend stub process, and each sizes its
 ONNX Runtime thread pool to every core. When their forwards overlap on a CPU, four threads
 fight for two cores: each forward slows down 2-2.5x and the pair gets about 0.8 of the
-machine (docs/benchmarks.md, "Two branches on two cores"). ``CoreTurns`` is an advisory
+machine (research/notebook/2026-12-03-two-branches-taking-turns.md). ``CoreTurns`` is an advisory
 lock (``fcntl.flock``) on a path both branches of one server share, the model repository's
 directory, held for the length of each forward: forwards run one after another, each as
 fast as alone, and the pair gets the whole machine. The sessions stop spinning when a

@@ -13,7 +13,7 @@ from tokenrouter_backend.core.loop.block_notes import BlockNote
 from tokenrouter_backend.core.loop.branch_view import BranchView
 from tokenrouter_backend.core.loop.drafts import Drafts
 from tokenrouter_backend.core.loop.hooks import Action
-from tokenrouter_backend.core.loop.proposers import Proposer
+from tokenrouter_backend.core.loop.proposers import Lookup, Proposer
 from tokenrouter_backend.core.loop.request_state import RequestState
 from tokenrouter_backend.core.protocol.branch_protocol import BranchResult
 from tokenrouter_backend.core.protocol.names import Mode, Source
@@ -27,6 +27,40 @@ class Strategy:
 
     async def after_block(self, state: RequestState) -> None:
         return None
+
+
+class Drafting(Strategy):
+    """The modes that draft (verify, route): a block is, in this order, the streamed
+    heavy-first token, model-free drafts where the text repeats itself (or the plan allows
+    them in a heavy-only step), a heavy-only block where the plan suspends drafting, else
+    the mode's own drafting block. Subclasses say how each is checked or run."""
+
+    mode: Mode
+
+    def __init__(self, state: RequestState):
+        self.lookup = {Mode.HEAVY: Lookup(state.ngram, heavy_step=True), self.mode: Lookup(state.ngram)}
+
+    async def block(self, state: RequestState, planned: Mode) -> None:
+        if planned == self.mode and heavy_first_due(state):
+            return await heavy_first_token(state)
+        lookup = self.lookup[planned]
+        if (drafts := await model_free_drafts(state, lookup, planned)) is not None:
+            accepted = await self.check_model_free(state, drafts)
+            return model_free_checked(state, drafts, lookup, accepted)
+        if planned == Mode.HEAVY:
+            state.stats.heavy_only_blocks += 1
+            return await self.heavy_block(state)
+        await self.draft_block(state)
+
+    async def check_model_free(self, state: RequestState, drafts: Drafts) -> int:
+        """The heavy check of model-free drafts; returns how many stood."""
+        raise NotImplementedError
+
+    async def heavy_block(self, state: RequestState) -> None:
+        raise NotImplementedError
+
+    async def draft_block(self, state: RequestState) -> None:
+        raise NotImplementedError
 
 
 async def branch_block(state: RequestState, view: BranchView, source: Source, block: int | None = None) -> None:
@@ -51,7 +85,7 @@ async def heavy_first_token(state: RequestState) -> None:
     state.transcript.mark_verified()  # nothing unchecked precedes it
 
 
-async def free_drafts(state: RequestState, lookup: Proposer, planned: Mode) -> Drafts | None:
+async def model_free_drafts(state: RequestState, lookup: Proposer, planned: Mode) -> Drafts | None:
     """This block's model-free drafts, if any: in a heavy-only step only once the prompt's
     first token went out and the plan allows some (``free_drafts``)."""
     if planned == Mode.HEAVY and not (state.free_drafts and state.heavy.opened):

@@ -17,36 +17,22 @@ from tokenrouter_backend.core.loop.block_notes import BlockNote
 from tokenrouter_backend.core.loop.block_size import next_block_size
 from tokenrouter_backend.core.loop.drafts import Drafts, DraftSource
 from tokenrouter_backend.core.loop.hooks import Action
-from tokenrouter_backend.core.loop.modes.base import (
-    Strategy,
-    branch_block,
-    free_drafts,
-    heavy_first_due,
-    heavy_first_token,
-    model_free_checked,
-)
+from tokenrouter_backend.core.loop.modes.base import Drafting, branch_block
 from tokenrouter_backend.core.loop.modes.route_check import heavy_check, vouch_end
-from tokenrouter_backend.core.loop.proposers import LightCopy, LightModel, Lookup
+from tokenrouter_backend.core.loop.proposers import LightCopy, LightModel
 from tokenrouter_backend.core.loop.request_state import RequestState
 from tokenrouter_backend.core.protocol.names import Mode, Source
 
 
-class Route(Strategy):
-    def __init__(self, state: RequestState):
-        self.light, self.copy = LightModel(), LightCopy()
-        self.lookup = {Mode.HEAVY: Lookup(state.ngram, heavy_step=True), Mode.ROUTE: Lookup(state.ngram)}
+class Route(Drafting):
+    mode = Mode.ROUTE
 
-    async def block(self, state: RequestState, planned: Mode) -> None:
-        if planned == Mode.ROUTE and heavy_first_due(state):
-            return await heavy_first_token(state)
-        lookup = self.lookup[planned]
-        if (drafts := await free_drafts(state, lookup, planned)) is not None:
-            accepted = await heavy_check(state, drafts, sampled=state.sampled)
-            return model_free_checked(state, drafts, lookup, accepted)
-        if planned == Mode.HEAVY:
-            state.stats.heavy_only_blocks += 1
-            return await self.heavy_block(state)
-        await self.route_block(state)
+    def __init__(self, state: RequestState):
+        super().__init__(state)
+        self.light, self.copy = LightModel(), LightCopy()
+
+    async def check_model_free(self, state: RequestState, drafts: Drafts) -> int:
+        return await heavy_check(state, drafts, sampled=state.sampled)
 
     async def after_block(self, state: RequestState) -> None:
         while state.transcript.needs_vouching:
@@ -61,7 +47,7 @@ class Route(Strategy):
         await branch_block(state, state.heavy, Source.HEAVY)
         t.mark_verified()
 
-    async def route_block(self, state: RequestState) -> None:
+    async def draft_block(self, state: RequestState) -> None:
         t = state.transcript
         k = min(state.block, state.remaining)
         drafts = Drafts.none(DraftSource.COPY) if state.sampled else await self.copy.propose(state, k)

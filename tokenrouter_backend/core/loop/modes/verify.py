@@ -12,40 +12,29 @@ from __future__ import annotations
 
 from tokenrouter_backend.core.loop.block_notes import BlockNote
 from tokenrouter_backend.core.loop.block_size import next_block_size
-from tokenrouter_backend.core.loop.drafts import DraftSource
+from tokenrouter_backend.core.loop.drafts import Drafts, DraftSource
 from tokenrouter_backend.core.loop.hooks import Action
-from tokenrouter_backend.core.loop.modes.base import (
-    Strategy,
-    branch_block,
-    check_exactly,
-    free_drafts,
-    heavy_first_due,
-    heavy_first_token,
-    model_free_checked,
-)
-from tokenrouter_backend.core.loop.proposers import LightModel, Lookup
+from tokenrouter_backend.core.loop.modes.base import Drafting, branch_block, check_exactly
+from tokenrouter_backend.core.loop.proposers import LightModel
 from tokenrouter_backend.core.loop.request_state import RequestState
 from tokenrouter_backend.core.protocol.names import Mode, Source
 
 
-class Verify(Strategy):
+class Verify(Drafting):
+    mode = Mode.VERIFY
+
     def __init__(self, state: RequestState):
+        super().__init__(state)
         self.light = LightModel()
-        self.lookup = {Mode.HEAVY: Lookup(state.ngram, heavy_step=True), Mode.VERIFY: Lookup(state.ngram)}
 
-    async def block(self, state: RequestState, planned: Mode) -> None:
-        if planned == Mode.VERIFY and heavy_first_due(state):
-            return await heavy_first_token(state)
-        lookup = self.lookup[planned]
-        if (drafts := await free_drafts(state, lookup, planned)) is not None:
-            verdict, _ = await check_exactly(state, drafts)
-            return model_free_checked(state, drafts, lookup, verdict.accepted)
-        if planned == Mode.HEAVY:
-            state.stats.heavy_only_blocks += 1
-            return await branch_block(state, state.heavy, Source.HEAVY)
-        await self.verify_block(state)
+    async def check_model_free(self, state: RequestState, drafts: Drafts) -> int:
+        verdict, _ = await check_exactly(state, drafts)
+        return verdict.accepted
 
-    async def verify_block(self, state: RequestState) -> None:
+    async def heavy_block(self, state: RequestState) -> None:
+        await branch_block(state, state.heavy, Source.HEAVY)
+
+    async def draft_block(self, state: RequestState) -> None:
         k = min(state.block, state.remaining - 1)  # heavy adds one token of its own
         if k < 1:
             return await branch_block(state, state.heavy, Source.HEAVY)
