@@ -13,6 +13,8 @@ from enum import Enum
 
 import numpy as np
 
+from tokenrouter_backend.core.protocol.names import Source
+
 
 class DraftSource(str, Enum):
     """Who proposed a block's drafts (``RequestStats`` counts each apart)."""
@@ -25,6 +27,11 @@ class DraftSource(str, Enum):
     @property
     def model_free(self) -> bool:
         return self in (DraftSource.NGRAM, DraftSource.ANSWER)
+
+    @property
+    def token_source(self) -> Source:
+        """The ``Source`` of a committed draft: a model-free one is ``ngram``, any other ``light``."""
+        return Source.NGRAM if self.model_free else Source.LIGHT
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,7 @@ class Drafts:
         return cls(np.zeros(0, np.int32), source)
 
     @classmethod
-    def model_free(cls, tokens, source: DraftSource) -> "Drafts":
+    def of_tokens(cls, tokens, source: DraftSource) -> "Drafts":
         """Deterministic drafts (n-gram, earlier answer): no scores, a one-hot proposal."""
         return cls(np.asarray(tokens, np.int32).reshape(-1), source)
 

@@ -52,7 +52,7 @@ class Lookup:
     async def propose(self, state: RequestState, room: int) -> Drafts:
         cap = room if state.free_drafts is None else min(room, state.free_drafts)
         tokens = self.drafter.propose(state.tokens, cap, self.heavy_step)
-        return Drafts.model_free(tokens, self.drafter.source)
+        return Drafts.of_tokens(tokens, self.drafter.source)
 
     def feedback(self, drafts: Drafts, accepted: int) -> None:
         self.drafter.update(len(drafts), accepted)

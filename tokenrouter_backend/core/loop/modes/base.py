@@ -103,8 +103,7 @@ async def check_exactly(state: RequestState, drafts: Drafts) -> tuple[Verdict, B
                                     sampling=state.sampling, return_dist=state.sampled)).result
     verdict = verify(drafts, heavy, state.sampling.seed, len(state.tokens))
     state.stats.verify_blocks += 1
-    source = Source.NGRAM if drafts.source.model_free else Source.LIGHT
-    t.commit(drafts.tokens[:verdict.accepted], source)
+    t.commit(drafts.tokens[:verdict.accepted], drafts.source.token_source)
     t.commit([verdict.next_token], Source.HEAVY)
     return verdict, heavy
 

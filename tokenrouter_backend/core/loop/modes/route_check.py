@@ -43,7 +43,7 @@ async def heavy_check(state: RequestState, drafts: Drafts, sampled: bool, relaxe
         state.stats.verify_blocks += 1
         accepted = verdict.accepted
         state.route_context.observe(accepted, min(accepted + 1, m))
-        source = Source.NGRAM if drafts.source.model_free else Source.LIGHT
+        source = drafts.source.token_source
         checked = Kind.COPIED if source == Source.NGRAM else Kind.LIGHT_VERIFIED
         for run, stood in _runs(drafts.tokens[:accepted], relaxed):
             t.commit(run, source, Kind.LIGHT_UNCHECKED if stood else checked)
