@@ -3,6 +3,7 @@ import asyncio
 
 import pytest
 
+from tokenrouter_backend.core.protocol.params import InvalidRequest
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 
 
@@ -55,8 +56,8 @@ def test_full_queue_is_refused_at_once():
 def test_kv_tokens_bound_admission():
     async def go():
         gate = AdmissionGate(GateConfig(max_live_requests=10, max_live_tokens=100, queue_timeout_s=5))
-        with pytest.raises(ServerBusy, match="max_live_tokens=100"):
-            gate.check(101)
+        with pytest.raises(InvalidRequest, match="^max_tokens is too large.*max_live_tokens=100"):
+            gate.check(101)  # never fits: the request's fault (400), not busy (retried for ever)
         await gate.enter(60)
         second = asyncio.ensure_future(gate.enter(60))  # does not fit next to the first
         await asyncio.sleep(0.01)

@@ -2,11 +2,21 @@
 ensemble knobs a body becomes, server errors sorted into HTTP statuses, response shapes."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from tokenrouter_backend.branches.bls import BlsAnswer, BlsBranch
+from tokenrouter_backend.branches.heavy_pool import HeavyPool, PoolConfig
+from tokenrouter_backend.branches.remote import RemoteBranch
+from tokenrouter_backend.core.loop.block_loop import RequestCancelled
+from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, KVBudgetFull
+from tokenrouter_backend.core.text.stop_text import parse_stop_words
 from tokenrouter_backend.openai_front.errors import OpenAIError, from_server
+from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig
+from tokenrouter_backend.server.ports import free_ports
+from tokenrouter_backend.serving.router_model import client_failure
 from tokenrouter_backend.openai_front.protocol import ChatBody, CompletionBody
 from tokenrouter_backend.openai_front.responses import Endpoint, Reply
 
@@ -65,20 +75,109 @@ def test_harmless_fields_are_accepted():
     assert completion(n=1, presence_penalty=0, user="x", metadata={"a": "b"}, logit_bias={}).knobs() == {}
 
 
-@pytest.mark.parametrize("message, status, param", [
-    ("in ensemble 'tokenrouter', max_tokens must be in [1, 4096]; got 5000", 400, "max_tokens"),
-    ("router_mode must be one of heavy, light, verify, route; got 'x'", 400, "router_mode"),
-    ("stop_words[0] has 300 characters; at most 256 allowed", 400, "stop"),
-    ("text_input is 900 tokens and max_tokens is 200: together they must fit", 400, "prompt"),
-    ("router internal error: KeyError: 'x'", 500, None),
-    ("in ensemble 'tokenrouter', heavy: forward failed: RuntimeError", 500, None),
-    ("unexpected inference input 'foo'", 400, None),
-])
-def test_server_errors_are_sorted_into_statuses(message, status, param):
-    err = from_server(message)
-    assert (err.status, err.param) == (status, param)
+def _raised(coro_or_call) -> BaseException:
+    """The exception a real producer raises (a coroutine is run to its end)."""
+    try:
+        result = coro_or_call()
+        if asyncio.iscoroutine(result):
+            asyncio.run(result)
+    except BaseException as exc:  # noqa: BLE001 - the exception is the point
+        return exc
+    raise AssertionError("the producer did not fail")
+
+
+def _busy_gate():
+    async def go():
+        gate = AdmissionGate(GateConfig(max_live_requests=1, max_queued_requests=0))
+        await gate.enter(1)
+        await gate.enter(1)  # nobody may queue: refused busy
+    return go()
+
+
+def _bls_error(answer: str):
+    """The in-server path: a BlsBranch whose BLS call answered with Triton's error text."""
+    async def exec_bls(*_args):
+        return BlsAnswer(error=answer)
+    return BlsBranch("heavy", "heavy", exec_bls).step(BranchOp(1, 0, (1, 2)))
+
+
+def _remote_down(port: int):
+    """A remote heavy branch on a loopback port nobody listens on (refused at once)."""
+    async def go():
+        branch = RemoteBranch("heavy", f"127.0.0.1:{port}", model="heavy", timeout_s=5, connect_retries=0)
+        try:
+            await branch.step(BranchOp(1, 0, (1, 2)))
+        finally:
+            await branch.close()
+    return go()
+
+
+def _pool_down(ports):
+    async def go():
+        pool = HeavyPool("heavy", [f"127.0.0.1:{p}" for p in ports], model="heavy", timeout_s=5,
+                         config=PoolConfig(connect_retries=0, check_timeout_s=0.5))
+        try:
+            await pool.step(BranchOp(1, 0, (1, 2)))
+        finally:
+            await pool.close()
+    return go()
+
+
+def router_message(exc: BaseException, ensemble: bool = False) -> str:
+    """The error message the router sends for ``exc`` (the router's own code builds it), as
+    the front reads it (inside the ensemble, Triton puts its prefix first)."""
+    _, message = client_failure(exc)
+    return f"in ensemble 'tokenrouter', {message}" if ensemble else message
+
+
+PORTS = free_ports(3)
+PRODUCERS = {  # name -> (the real exception, status, code, param, Retry-After)
+    "invalid field": (lambda: _raised(lambda: parse_stop_words([b"x"] * 17)), 400, None, "stop", None),
+    "never fits": (lambda: _raised(lambda: AdmissionGate(GateConfig(max_live_tokens=10)).check(11)), 400, None,
+                   "max_tokens", None),
+    "busy": (lambda: _raised(_busy_gate), 429, "server_busy", None, "1"),
+    "in-server branch": (lambda: _raised(lambda: _bls_error("Stub process 'heavy_0_0' is not healthy.")), 502,
+                         "branch_failed", None, None),
+    "remote branch down": (lambda: _raised(lambda: _remote_down(PORTS[0])), 502, "branch_failed", None, None),
+    "heavy pool down": (lambda: _raised(lambda: _pool_down(PORTS[1:])), 502, "branch_failed", None, None),
+    "kv budget": (lambda: KVBudgetFull("heavy branch (heavy): no KV budget for a new session"), 429,
+                  "server_busy", None, "1"),
+    "cancelled": (lambda: RequestCancelled("request cancelled by the client"), 499, "request_cancelled", None, None),
+    "stopping": (lambda: asyncio.CancelledError(), 503, "server_stopping", None, "1"),
+    "internal": (lambda: KeyError("x"), 500, "internal_error", None, None),
+}
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+@pytest.mark.parametrize("name", list(PRODUCERS))
+def test_router_errors_are_sorted_by_whose_fault_they_are(name, ensemble):
+    make, status, code, param, retry = PRODUCERS[name]
+    exc = make()
+    err = from_server(router_message(exc, ensemble))
+    assert (err.status, err.code, err.param, err.headers().get("Retry-After")) == (status, code, param, retry), \
+        (name, err)
+    assert err.type == ("invalid_request_error" if status == 400 else "server_error")
     assert set(err.body()["error"]) == {"message", "type", "param", "code"}
-    assert "in ensemble" not in err.message or status == 500
+    assert "in ensemble" not in err.message
+    for port in PORTS:  # the branch's own message names its address; the client's never does
+        assert str(port) not in err.message and "127.0.0.1" not in err.message
+    if name.startswith(("remote", "heavy pool")):
+        assert "127.0.0.1" in str(exc) and "the heavy branch is unreachable" in err.message
+    if name == "in-server branch":
+        assert "the heavy branch failed" in err.message
+
+
+@pytest.mark.parametrize("message, grpc_status, status, code", [
+    ("[request id: 7] Exceeds maximum queue size", "StatusCode.UNAVAILABLE", 429, "server_busy"),  # Triton's text
+    ("unexpected inference input 'foo'", "StatusCode.INVALID_ARGUMENT", 400, None),  # a unary call's status
+    ("unexpected inference input 'foo'", "", 500, "internal_error"),  # unknown in a stream: the server's fault
+    ("failed to connect to all addresses; last error: ipv4:10.0.0.7:8001: refused", "StatusCode.UNAVAILABLE",
+     503, "service_unavailable"),
+])
+def test_other_server_errors(message, grpc_status, status, code):
+    err = from_server(message, grpc_status)
+    assert (err.status, err.code) == (status, code)
+    assert "10.0.0.7" not in err.message and "8001" not in err.message
 
 
 def test_response_bodies_and_chunks():

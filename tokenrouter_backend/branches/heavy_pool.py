@@ -28,7 +28,12 @@ from tokenrouter_backend.branches.remote import RemoteBranch, ServerUnreachable
 from tokenrouter_backend.branches.rendezvous import ranked
 from tokenrouter_backend.branches.server_health import DEFAULT_MAX_RECHECK_S, DEFAULT_RECHECK_S, ServerHealth
 from tokenrouter_backend.core.protocol.branch import Branch
-from tokenrouter_backend.core.protocol.branch_protocol import BranchError, BranchOp, BranchResult, SessionMissing
+from tokenrouter_backend.core.protocol.branch_protocol import (
+    BranchOp,
+    BranchResult,
+    BranchUnreachable,
+    SessionMissing,
+)
 
 log = logging.getLogger("tokenrouter.heavy_pool")
 
@@ -210,4 +215,4 @@ class HeavyPool(Branch):
         now = time.monotonic()
         details = "; ".join(f"{u}: {h.last_error or 'down'} (next check in {h.retry_in(now):.1f} s)"
                             for u, h in self.health.items())
-        raise BranchError(f"{self.where}: every heavy server is unreachable: {details}")
+        raise BranchUnreachable(f"{self.where}: every heavy server is unreachable: {details}")

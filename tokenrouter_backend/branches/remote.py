@@ -30,6 +30,8 @@ from tokenrouter_backend.core.protocol.branch_protocol import (
     BranchError,
     BranchOp,
     BranchResult,
+    BranchTimeout,
+    BranchUnreachable,
     SessionMissing,
     is_session_missing,
     op_to_arrays,
@@ -62,7 +64,7 @@ def resolve_heavy_url(param: str | None) -> str:
     return (os.environ.get(HEAVY_URL_ENV) or param or "").strip()
 
 
-class ServerUnreachable(BranchError):
+class ServerUnreachable(BranchUnreachable):
     """The remote server could not be reached (refused, reset, gone) after every retry."""
 
 
@@ -205,7 +207,7 @@ class RemoteBranch(Branch):
         if is_session_missing(msg):
             return SessionMissing(f"{self.where}: {msg}")
         if any(code in _status(exc) for code in _TIMED_OUT):
-            return BranchError(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
+            return BranchTimeout(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
         return BranchError(f"{self.where}: {msg}")
 
 

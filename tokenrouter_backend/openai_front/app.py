@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .protocol import ChatBody, CompletionBody, GenerationBody
 from .responses import DONE, PUBLIC_MODEL, Endpoint, Reply, model_card, models_list, sse
 from .triton_stream import Piece, generate
 
+LOG = logging.getLogger("tokenrouter.openai_front")
 CLIENT_GONE_STATUS = 499  # nobody reads it: the client closed the connection
 
 
@@ -61,8 +63,10 @@ def create_app(config: FrontConfig) -> FastAPI:
             await app.state.triton.close()
 
     app = FastAPI(title="TokenRouter (OpenAI-compatible)", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_exception_handler(OpenAIError, lambda _r, exc: JSONResponse(exc.body(), status_code=exc.status))
+    app.add_exception_handler(OpenAIError, lambda _r, exc: JSONResponse(exc.body(), status_code=exc.status,
+                                                                        headers=exc.headers()))
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)  # a bug: still OpenAI's JSON shape, never plain text
 
     @app.get("/v1/models")
     async def list_models():
@@ -79,7 +83,8 @@ def create_app(config: FrontConfig) -> FastAPI:
         try:
             ready = await app.state.triton.is_server_ready()
         except Exception as exc:  # noqa: BLE001 - any failure to ask means not ready
-            raise unavailable(f"the inference server is not reachable: {exc}") from exc
+            LOG.warning("health: the inference server is not reachable: %s", exc)  # its address: log only
+            raise unavailable("the inference server is not reachable") from exc
         if not ready:
             raise unavailable("the inference server is not ready")
         return {"status": "ok"}
@@ -100,6 +105,12 @@ def create_app(config: FrontConfig) -> FastAPI:
         return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "")
 
     return app
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    LOG.error("unexpected error in the OpenAI front", exc_info=exc)
+    return JSONResponse(server_error(f"internal error in the OpenAI front ({type(exc).__name__})").body(),
+                        status_code=500)
 
 
 async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:

@@ -1,9 +1,27 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with its HTTP status.
 
-``from_server`` sorts the ensemble's error messages: the router refuses bad input with a
-message naming the field (``InvalidRequest``) → 400; its own failures (``router internal
-error``) and a branch's (``heavy: ...`` / ``light: ...``) → 500; a server that cannot be
-reached → 503.
+``from_server`` sorts the server's error messages by whose fault they are, from the category
+prefix the router writes (``core/protocol/failures.py``; a decoupled gRPC stream carries a
+message only) or, for a unary call, the gRPC status Triton answered with:
+
+=================================  ======  ===================  ====================  ===========
+the server said                    status  type                 code                  Retry-After
+=================================  ======  ===================  ====================  ===========
+a field is wrong (names it)        400     invalid_request_error  (param: the field)    —
+``server busy:`` / Triton's        429     server_error         server_busy           yes
+"Exceeds maximum queue size"
+``branch failure:``                502     server_error         branch_failed         —
+``server stopping:``               503     server_error         server_stopping       yes
+server not reachable / not ready   503     server_error         service_unavailable   yes
+``request cancelled:``             499     server_error         request_cancelled     —
+``router internal error:``         500     server_error         internal_error        —
+anything else                      500     server_error         internal_error        —
+=================================  ======  ===================  ====================  ===========
+
+Busy is 429, not 503: the server is up and will serve the request once a place is free
+(OpenAI's SDKs back off and retry a 429, honouring ``Retry-After``), and a 5xx would count
+against the replica in a load balancer's outlier detection, ejecting a healthy, merely full
+server. Messages never carry an address: ``redact`` replaces any that slipped through.
 """
 from __future__ import annotations
 
@@ -11,12 +29,15 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT
+from tokenrouter_backend.core.protocol.failures import Failure, classify, strip_triton_prefixes
 
 OPENAI_NAMES = {"stop_words": "stop", "random_seed": "seed", "text_input": "prompt"}  # ensemble -> OpenAI field
-SERVER_FAILURE_PREFIXES = ("router internal error", f"{HEAVY}:", f"{LIGHT}:", "remote ")
-ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")  # Triton's prefix on a composing model's error
 FIELD = re.compile(r"^([a-z_][a-z0-9_]*)(?:\[\d+\])? (?:must|has|is|needs)\b")  # InvalidRequest: "<field> must ..."
+RETRY_AFTER_S = 1  # what a busy or restarting server asks a client to wait before retrying
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request the client (or its deadline) cancelled
+# an address (host:port, IPv4, [IPv6], a URL) inside a message: never shown to a client
+ADDRESS = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://)\S+|\[[0-9A-Fa-f]*:[0-9A-Fa-f:.]*\](?::\d+)?"
+                     r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?|\b[A-Za-z0-9.-]+:\d{2,5}\b")
 
 
 @dataclass
@@ -28,6 +49,7 @@ class OpenAIError(Exception):
     type: str = "invalid_request_error"
     param: Optional[str] = None
     code: Optional[str] = None
+    retry_after_s: Optional[int] = None  # sent as the Retry-After header
 
     def __str__(self) -> str:
         return self.message
@@ -35,25 +57,51 @@ class OpenAIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+
+
+def redact(message: str) -> str:
+    """``message`` with every address replaced by ``<address>``."""
+    return ADDRESS.sub("<address>", message)
+
 
 def not_found(message: str, code: str) -> OpenAIError:
     return OpenAIError(message, status=404, code=code)
 
 
 def server_error(message: str) -> OpenAIError:
-    return OpenAIError(message, status=500, type="server_error", code="internal_error")
+    return OpenAIError(redact(message), status=500, type="server_error", code="internal_error")
 
 
 def unavailable(message: str) -> OpenAIError:
-    return OpenAIError(message, status=503, type="server_error", code="service_unavailable")
+    return OpenAIError(redact(message), status=503, type="server_error", code="service_unavailable",
+                       retry_after_s=RETRY_AFTER_S)
 
 
-def from_server(message: str) -> OpenAIError:
-    """An error the ensemble answered with, as the OpenAI error a client should see."""
-    text = message.strip()
-    core = ENSEMBLE_PREFIX.sub("", text)
-    if any(core.startswith(p) for p in SERVER_FAILURE_PREFIXES):
-        return server_error(text)
+_SERVER_SIDE = {  # Failure -> (status, code, Retry-After)
+    Failure.BUSY: (429, "server_busy", RETRY_AFTER_S),
+    Failure.BRANCH: (502, "branch_failed", None),
+    Failure.STOPPING: (503, "server_stopping", RETRY_AFTER_S),
+    Failure.CANCELLED: (CLIENT_CLOSED_REQUEST, "request_cancelled", None),
+    Failure.INTERNAL: (500, "internal_error", None),
+}
+
+
+def from_server(message: str, grpc_status: str = "") -> OpenAIError:
+    """An error the server answered with, as the OpenAI error a client should see.
+
+    ``grpc_status`` is the status of a unary call (``StatusCode.INVALID_ARGUMENT``...), empty
+    for an error inside the router's stream."""
+    core = redact(strip_triton_prefixes(message))
+    failure = classify(core)
+    if failure in _SERVER_SIDE:
+        status, code, retry = _SERVER_SIDE[failure]
+        return OpenAIError(core, status=status, type="server_error", code=code, retry_after_s=retry)
     field = FIELD.match(core)
-    name = field.group(1) if field else None
-    return OpenAIError(core, param=OPENAI_NAMES.get(name, name))
+    if field or "INVALID_ARGUMENT" in grpc_status:
+        name = field.group(1) if field else None
+        return OpenAIError(core, param=OPENAI_NAMES.get(name, name))
+    if "UNAVAILABLE" in grpc_status:
+        return unavailable(core)
+    return server_error(core)

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import numpy as np
 
 from tokenrouter_backend.client.triton_client import grpc_inputs
+from tokenrouter_backend.core.protocol.failures import classify
 
 from .errors import OpenAIError, from_server, unavailable
 
+LOG = logging.getLogger("tokenrouter.openai_front")
 FINAL_FLAG = "triton_final_response"
 PREPROCESSING, ROUTER, POSTPROCESSING = "preprocessing", "router", "postprocessing"
 PRE_OUTPUTS = ("INPUT_ID", "STOP_IDS", "END_ID")
@@ -53,9 +56,11 @@ async def _call(coro, what: str):
     try:
         return await coro
     except InferenceServerException as exc:
-        if "UNAVAILABLE" in str(exc.status()):
-            raise unavailable(f"the inference server is not reachable ({what}): {exc.message()}") from exc
-        raise from_server(exc.message()) from exc
+        status, message = str(exc.status()), exc.message() or ""
+        if "UNAVAILABLE" in status and classify(message) is None:  # the connection, not a model's answer
+            LOG.warning("the inference server is not reachable (%s): %s", what, message)
+            raise unavailable(f"the inference server is not reachable ({what})") from exc
+        raise from_server(message, status) from exc
 
 
 async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], request_id: str,
@@ -96,7 +101,8 @@ async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], req
             raise OpenAIError(f"no complete answer within {timeout_s:g} s", status=504, type="server_error",
                               code="timeout") from exc
         detail = exc.details() if hasattr(exc, "details") else exc
-        raise unavailable(f"the inference server is not reachable: {code}: {detail}") from exc
+        LOG.warning("the inference server is not reachable: %s: %s", code, detail)  # its address: log only
+        raise unavailable(f"the inference server is not reachable ({code})") from exc
     finally:
         call.cancel()  # a no-op once the call has ended; otherwise the router cancels the request
         finished.set()

@@ -5,7 +5,9 @@ max_tokens — fits the ``max_live_tokens`` still free (the exporter sets that f
 branches' KV budgets, so admitted requests never make a branch refuse a session or hold
 more KV than its budget). Otherwise it waits in a FIFO queue of at most
 ``max_queued_requests`` for at most ``queue_timeout_s``; beyond either it is refused with
-``ServerBusy`` naming the limit. One gate per router, used from its event loop only.
+``ServerBusy`` naming the limit (its message starts ``server busy:``, the category
+``core/protocol/failures.py`` documents); a request that could never fit is refused as invalid.
+One gate per router, used from its event loop only.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
+
+from tokenrouter_backend.core.protocol.params import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,12 @@ class AdmissionGate:
         self.waited_ms = 0.0  # total time admitted requests spent queued
 
     def check(self, tokens: int) -> None:
-        """Refuse at once a request that could never fit (it would wait for nothing)."""
+        """Refuse at once a request that could never fit (it would wait for nothing): the
+        request's fault, not a busy server (a client retrying it would retry for ever)."""
         limit = self.config.max_live_tokens
         if limit and tokens > limit:
-            raise ServerBusy(f"server busy: the request needs {tokens} KV tokens (prompt + max_tokens), more than "
-                             f"max_live_tokens={limit} allows for all live requests together")
+            raise InvalidRequest(f"max_tokens is too large: prompt + max_tokens = {tokens} KV tokens, more than "
+                                 f"max_live_tokens={limit} allows for all live requests together")
 
     def _fits(self, tokens: int) -> bool:
         c = self.config

@@ -6,8 +6,9 @@ branches (BLS through ``backend.bls_exec``, or gRPC to a heavy server) and strea
 token ids (plus routing stats) to postprocessing (the final response says how many
 characters of its text a stop string began in: ``STOP_TRIM``). The router decodes with
 the tokenizer the exporter copied into ``router/1/tokenizer`` to match stop strings on
-text. Every request ends with exactly one COMPLETE_FINAL response: the last tokens, an
-error naming the field or branch, or a cancellation.
+text. Every request ends with exactly one COMPLETE_FINAL response: the last tokens or an
+error whose message starts with its category (``core/protocol/failures.py``: invalid, busy,
+branch failure, cancelled, stopping, internal) and which never holds a branch's address.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from tokenrouter_backend.core.loop.block_loop import RequestCancelled, generate
 from tokenrouter_backend.core.loop.routing_trace import routing_runs
 from tokenrouter_backend.core.loop.stats import RequestStats
 from tokenrouter_backend.core.protocol.branch_auth import key_parameters, load_key
-from tokenrouter_backend.core.protocol.branch_protocol import BranchError
+from tokenrouter_backend.core.protocol.branch_protocol import BranchError, KVBudgetFull
+from tokenrouter_backend.core.protocol.failures import Failure, branch_failure
 from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT
 from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults, dataclass_from_config
 from tokenrouter_backend.core.signals.cost_model import MeteredBranch
@@ -50,6 +52,27 @@ PREFIX_LEN = "PREFIX_LEN"
 IS_FINAL = "IS_FINAL"
 ROUTING_STATS = "ROUTING_STATS"
 STOP_TRIM = "STOP_TRIM"
+
+
+REASONS = {Failure.INVALID: "invalid", Failure.BUSY: "busy", Failure.CANCELLED: "cancelled"}  # metric labels
+
+
+def client_failure(exc: BaseException) -> tuple[Failure, str]:
+    """What a client is told of a request that failed with ``exc``: its category and message
+    (``core/protocol/failures.py``); a branch error's detail, which may hold an address, is not."""
+    if isinstance(exc, InvalidRequest):
+        return Failure.INVALID, str(exc)
+    if isinstance(exc, ServerBusy):
+        return Failure.BUSY, str(exc)  # its message starts "server busy:"
+    if isinstance(exc, RequestCancelled):
+        return Failure.CANCELLED, Failure.CANCELLED.message("by the client")
+    if isinstance(exc, KVBudgetFull):  # admission keeps it from happening; if it does, busy
+        return Failure.BUSY, branch_failure(str(exc), exc.reason, Failure.BUSY)
+    if isinstance(exc, BranchError):
+        return Failure.BRANCH, branch_failure(str(exc), exc.reason)
+    if isinstance(exc, asyncio.CancelledError):
+        return Failure.STOPPING, Failure.STOPPING.message("the router stopped during the request")
+    return Failure.INTERNAL, Failure.INTERNAL.message(type(exc).__name__)
 
 
 class ResponseWriter:
@@ -175,24 +198,17 @@ class RouterModel:
                                    hooks=admission.hooks, request_id=admission.request_id, answers=self.answers)
             self.ops.finish(admission, stats)
             return
-        except InvalidRequest as exc:
-            reason = "invalid"
-            self._fail(sender, str(exc))
-        except ServerBusy as exc:
-            reason = "busy"
-            self._fail(sender, str(exc))
-        except RequestCancelled as exc:
-            reason = "cancelled"
-            self._fail(sender, str(exc), cancelled=True)
-        except BranchError as exc:
-            self.logger.log_error(f"router: request failed in a branch: {exc}")
-            self._fail(sender, str(exc))
         except asyncio.CancelledError:  # the task itself cancelled: still one final response
-            self._fail(sender, "router: request cancelled inside the router (server stopping?)", cancelled=True)
+            self._fail(sender, *client_failure(asyncio.CancelledError()))
             raise
         except Exception as exc:  # noqa: BLE001 - one request fails, the server keeps serving
-            self.logger.log_error("router: internal error\n" + traceback.format_exc())
-            self._fail(sender, f"router internal error: {type(exc).__name__}: {exc}")
+            failure, message = client_failure(exc)
+            reason = REASONS.get(failure, "error")
+            if failure is Failure.INTERNAL:
+                self.logger.log_error("router: internal error\n" + traceback.format_exc())
+            elif isinstance(exc, BranchError):  # the detail (a remote branch's address) for the log only
+                self.logger.log_error(f"router: request failed in a branch: {exc}")
+            self._fail(sender, failure, message)
         finally:
             if held:
                 self.gate.leave(held)
@@ -222,9 +238,11 @@ class RouterModel:
             self.logger.log_warn(f"router: light perplexity for request-level routing unavailable: {exc}")
             return None
 
-    def _fail(self, sender, message: str, cancelled: bool = False) -> None:
+    def _fail(self, sender, failure: Failure, message: str) -> None:
+        """The request's one final response: ``message`` (``failure``'s prefix first, see
+        core/protocol/failures.py) with ``failure``'s Triton error code."""
         try:
-            sender.send(error_response(self.pb, message, cancelled),
+            sender.send(error_response(self.pb, message, failure.triton_code),
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:  # noqa: BLE001 - the client is gone; nothing left to tell it
             pass

@@ -39,7 +39,9 @@ def input_scalar(pb_utils, request, name: str) -> Any:
     return value
 
 
-def error_response(pb_utils, message: str, cancelled: bool = False):
-    code = pb_utils.TritonError.CANCELLED if cancelled and hasattr(pb_utils.TritonError, "CANCELLED") else None
-    error = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+def error_response(pb_utils, message: str, code: str = "INVALID_ARG"):
+    """An error response; ``code`` names a ``TritonError`` code (tritonserver 2.51's Python
+    backend has them all; it turns them into the HTTP / unary gRPC status)."""
+    value = getattr(pb_utils.TritonError, code, None)
+    error = pb_utils.TritonError(message, value) if value is not None else pb_utils.TritonError(message)
     return pb_utils.InferenceResponse(output_tensors=[], error=error)

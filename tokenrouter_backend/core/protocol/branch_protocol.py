@@ -106,15 +106,36 @@ class BranchResult:
 
 
 class BranchError(RuntimeError):
-    """A branch could not serve a step (message names the branch and the reason)."""
+    """A branch could not serve a step (message names the branch and the reason).
+
+    ``reason`` is what a client may be told (``failures.branch_failure``): the message itself
+    may hold a server's address and stays in the server log."""
+
+    reason = "failed"
 
 
 class SessionMissing(BranchError):
     """The session was released or expired (TTL); the caller may re-prefill."""
 
+    reason = "lost the request's session"
+
 
 class KVBudgetFull(BranchError):
     """A new session does not fit the branch's KV budget now; the caller may retry later."""
+
+    reason = "has no KV budget left"
+
+
+class BranchUnreachable(BranchError):
+    """The branch's server could not be reached (refused, reset, gone)."""
+
+    reason = "is unreachable"
+
+
+class BranchTimeout(BranchError):
+    """The branch did not answer within its deadline."""
+
+    reason = "did not answer in time"
 
 
 # A branch error crosses Triton as a message only; the kinds a caller acts on are told
