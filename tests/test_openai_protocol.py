@@ -14,11 +14,11 @@ from tokenrouter_backend.core.loop.block_loop import RequestCancelled
 from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, KVBudgetFull
 from tokenrouter_backend.core.text.stop_text import parse_stop_words
 from tokenrouter_backend.openai_front.errors import OpenAIError, from_server
+from tokenrouter_backend.openai_front.protocol import ChatBody, CompletionBody
+from tokenrouter_backend.openai_front.responses import Endpoint, Reply
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig
 from tokenrouter_backend.server.ports import free_ports
 from tokenrouter_backend.serving.router_model import client_failure
-from tokenrouter_backend.openai_front.protocol import ChatBody, CompletionBody
-from tokenrouter_backend.openai_front.responses import Endpoint, Reply
 
 
 def completion(**fields) -> CompletionBody:

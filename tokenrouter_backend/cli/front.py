@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=LOOPBACK, help=f"address (default {LOOPBACK}; 0.0.0.0 for all)")
     parser.add_argument("--chat-template", type=Path, default=None,
                         help="Jinja chat template file replacing the exported tokenizer's")
+    parser.add_argument("--chat-special-tokens", action="store_true",
+                        help="parse special-token text inside chat message contents as control tokens (the old, unsafe "
+                        "behaviour: a user can forge turns; default: kept as text)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    front = OpenAIFront(FrontConfig(args.triton_grpc, tokenizer, args.chat_template), host=args.address,
+    front = OpenAIFront(FrontConfig(args.triton_grpc, tokenizer, args.chat_template,
+                                    chat_special_tokens=args.chat_special_tokens), host=args.address,
                         port=args.port)
     try:
         front.start()

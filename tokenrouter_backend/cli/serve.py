@@ -107,6 +107,9 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chat-template", type=Path, default=None,
                        help="Jinja chat template file replacing the exported tokenizer's "
                             "(default: the tokenizer's own, preprocessing/1/tokenizer)")
+    group.add_argument("--chat-special-tokens", action="store_true",
+                       help="parse special-token text inside chat message contents as control tokens (the old, unsafe "
+                       "behaviour: a user can forge turns; default: kept as text)")
 
 
 def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str):
@@ -118,7 +121,8 @@ def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str
     from tokenrouter_backend.openai_front.runner import FrontStartError, OpenAIFront
 
     tokenizer = Path(repository) / TOKENIZER_DIR
-    config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template)
+    config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template,
+                         chat_special_tokens=args.chat_special_tokens)
     try:
         return OpenAIFront(config, host=args.openai_address, port=args.openai_port).start()
     except FrontStartError as err:

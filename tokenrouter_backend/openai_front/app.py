@@ -38,6 +38,7 @@ class FrontConfig:
     chat_template_file: Optional[Path] = None  # a Jinja chat template replacing the tokenizer's
     request_timeout_s: float = 600.0  # one answer, start to end
     disconnect_poll_s: float = 0.2  # how often a non-streamed request checks its client is still there
+    chat_special_tokens: bool = False  # special-token text in chat content parsed as control tokens (unsafe)
 
 
 class ClientGone(Exception):
@@ -101,8 +102,12 @@ def create_app(config: FrontConfig) -> FastAPI:
         if chat is None:
             raise OpenAIError("this front was started without the exported tokenizer: no chat template",
                               param="messages", code="chat_template_missing")
-        prompt = chat.render(body.template_messages())
-        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "")
+        messages = body.template_messages()
+        if config.chat_special_tokens:  # the old behaviour: content's special-token text is control tokens
+            prompt, spans = chat.render(messages), None
+        else:
+            prompt, spans = chat.render_with_spans(messages)
+        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "", spans)
 
     return app
 
@@ -140,8 +145,9 @@ async def _parse(request: Request, model: type[GenerationBody]) -> GenerationBod
 
 
 async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
-                  prompt: str, prefix: str) -> Response:
-    pieces = generate(app.state.triton, prompt, body.stream, body.knobs(), reply.id, config.request_timeout_s)
+                  prompt: str, prefix: str, content_spans: Optional[list[int]] = None) -> Response:
+    pieces = generate(app.state.triton, prompt, body.stream, body.knobs(), reply.id, config.request_timeout_s,
+                      content_spans)
     try:
         if not body.stream:
             text, stats = await _until_disconnected(request, _collect(pieces), config.disconnect_poll_s)

@@ -1,15 +1,24 @@
 """The chat template: the exported tokenizer's own (``preprocessing/1/tokenizer``), applied
 with transformers' ``apply_chat_template`` (the standard implementation), or a Jinja file
 given with ``--chat-template``. A tokenizer without one makes ``/v1/chat/completions``
-answer 400 naming the missing template (``/v1/completions`` still works)."""
+answer 400 naming the missing template (``/v1/completions`` still works).
+
+``render_with_spans`` also says where the messages' contents are in the prompt (character
+ranges, for ``preprocessing``'s ``content_spans``: special-token text there stays text). It
+renders the messages once more with a marker standing for each content and fills the
+contents back in; when that is not the real render (a template that reads what the contents
+say), the spans are unknown and a content holding special-token text is refused."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
 from .errors import OpenAIError
 
 TOKENIZER_DIR = Path("preprocessing") / "1" / "tokenizer"  # inside the model repository
+MARK = "\ue000tokenrouter-content-{}\ue001"  # stands for message i's content in a skeleton render
+MARKS = re.compile("\ue000tokenrouter-content-(\\d+)\ue001")
 
 
 class ChatTemplate:
@@ -38,3 +47,43 @@ class ChatTemplate:
                                                       chat_template=self.override)
         except TemplateError as exc:
             raise OpenAIError(f"the chat template refused these messages: {exc}", param="messages") from exc
+
+    def render_with_spans(self, messages: list[dict[str, str]]) -> tuple[str, Optional[list[int]]]:
+        """The prompt and its contents' character ranges (flat start, end pairs); None when the
+        template does not place contents verbatim and no content holds special-token text."""
+        text = self.render(messages)
+        marked = [dict(m, content=MARK.format(i)) if isinstance(m.get("content"), str) else m
+                  for i, m in enumerate(messages)]
+        try:
+            skeleton = self.render(marked)
+        except OpenAIError:
+            skeleton = ""
+        parts, spans, at = [], [], 0
+        for found in MARKS.finditer(skeleton):
+            parts.append(skeleton[at:found.start()])
+            start = sum(len(p) for p in parts)
+            content = messages[int(found.group(1))]["content"]
+            parts.append(content)
+            spans += [start, start + len(content)]
+            at = found.end()
+        parts.append(skeleton[at:])
+        if "".join(parts) == text:
+            return text, spans
+        special = self.special_text_in(messages)
+        if special:
+            raise OpenAIError(f"a message holds the special token {special!r}, and this chat template does not "
+                              "place message contents verbatim, so it cannot be kept as text; remove it (or "
+                              "start the front with --chat-special-tokens)", param="messages",
+                              code="special_token_in_content")
+        return text, None
+
+    def special_text_in(self, messages: list[dict[str, str]]) -> Optional[str]:
+        """The first special token whose text appears in a message's content, or None."""
+        specials = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special and t.content]
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                for s in specials:
+                    if s in content:
+                        return s
+        return None

@@ -64,13 +64,19 @@ async def _call(coro, what: str):
 
 
 async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], request_id: str,
-                   timeout_s: float) -> AsyncIterator[Piece]:
-    """Yield the answer's pieces; raise ``OpenAIError`` for an error the server answered with."""
+                   timeout_s: float, content_spans: list[int] | None = None) -> AsyncIterator[Piece]:
+    """Yield the answer's pieces; raise ``OpenAIError`` for an error the server answered with.
+
+    ``content_spans``: where a chat prompt's message contents are (``preprocessing`` keeps
+    special-token text there as text)."""
     import grpc
     import tritonclient.grpc.aio as grpcclient
 
     inputs = grpc_inputs(grpcclient, prompt, stream, knobs)
-    pre = await _call(client.infer(PREPROCESSING, [t for t in inputs if t.name() in PRE_ONLY_INPUTS],
+    pre_inputs = [t for t in inputs if t.name() in PRE_ONLY_INPUTS]
+    if content_spans is not None:
+        pre_inputs.append(_tensor(grpcclient, "content_spans", np.asarray([content_spans], dtype=np.int32)))
+    pre = await _call(client.infer(PREPROCESSING, pre_inputs,
                                    outputs=[grpcclient.InferRequestedOutput(n) for n in PRE_OUTPUTS],
                                    request_id=request_id, client_timeout=timeout_s), PREPROCESSING)
     router_inputs = [_tensor(grpcclient, n, pre.as_numpy(n)) for n in PRE_OUTPUTS]

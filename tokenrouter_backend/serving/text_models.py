@@ -14,6 +14,7 @@ import numpy as np
 
 from tokenrouter_backend.core.protocol import input_limits
 from tokenrouter_backend.core.protocol.params import InvalidRequest, config_value, parse_config_value
+from tokenrouter_backend.core.text.chat_content import encode_prompt, parse_spans
 from tokenrouter_backend.core.text.detokenize import Detokenizer
 from tokenrouter_backend.serving.tensors import (
     config_parameters,
@@ -42,7 +43,7 @@ def find_tokenizer(args: dict, parameters: dict[str, str]):
 
 
 class PreprocessingModel:
-    """text_input, end_id -> INPUT_ID, STOP_IDS (document-end tokens), END_ID."""
+    """text_input, end_id, content_spans -> INPUT_ID, STOP_IDS (document-end tokens), END_ID."""
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
@@ -53,8 +54,23 @@ class PreprocessingModel:
         self.stop_token_ids = [parse_config_value(t, int) for t in params.get("stop_token_ids", "").split(",")
                                if t.strip()]
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.special_ids = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        self.literal = None  # built on the first request with content_spans
         self.max_input_bytes = input_limits.max_input_bytes_from_config(
             config_value(params, "max_input_bytes", int, input_limits.DEFAULT_MAX_INPUT_BYTES))
+
+    def _encode(self, text: str, spans) -> list[int]:
+        """text_input's ids; with content_spans (the OpenAI front's chat contents), no special
+        token made of content (``core/text/chat_content.py``)."""
+        if spans is None:
+            return self.tokenizer.encode(text).ids
+        from tokenizers import Encoding, Tokenizer
+
+        if self.literal is None:  # the same tokenizer, special-token text split as plain text
+            self.literal = Tokenizer.from_str(self.tokenizer.to_str())
+            self.literal.encode_special_tokens = True
+        return encode_prompt(self.tokenizer, self.literal, text, parse_spans(spans.reshape(-1), len(text)),
+                             self.special_ids, Encoding.merge)
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
@@ -68,7 +84,10 @@ class PreprocessingModel:
             return error_response(pb, str(exc))
         if not text.strip():
             return error_response(pb, "text_input must be a non-empty string")
-        ids = self.tokenizer.encode(text).ids
+        try:
+            ids = self._encode(text, input_array(pb, request, "content_spans"))
+        except InvalidRequest as exc:
+            return error_response(pb, str(exc))
         if not ids:
             return error_response(pb, "text_input produced no tokens")
         end_id = input_scalar(pb, request, "end_id")
