@@ -19,10 +19,14 @@ def front():
 
 def test_unreachable_server_is_503(front):
     resp = requests.post(f"{front.url}/completions", json={"model": "tokenrouter", "prompt": "x"}, timeout=30)
-    assert resp.status_code == 503
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "1"
     error = resp.json()["error"]
     assert error["type"] == "server_error" and error["code"] == "service_unavailable"
-    assert requests.get(f"{front.url.removesuffix('/v1')}/health", timeout=30).status_code == 503
+    health = requests.get(f"{front.url.removesuffix('/v1')}/health", timeout=30)
+    assert health.status_code == 503
+    port = front.config.triton_grpc_url.rpartition(":")[2]
+    for body in (resp.text, health.text):  # the server's address is for the front's log only
+        assert port not in body and "127.0.0.1" not in body, body
 
 
 def test_checks_that_need_no_server(front):

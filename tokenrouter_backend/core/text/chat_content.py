@@ -23,11 +23,11 @@ MAX_CONTENT_SPANS = 4096  # spans one prompt may mark (two ints each): a cap ref
 
 def parse_spans(values: Sequence[int], text_length: int) -> list[tuple[int, int]]:
     """``content_spans`` as sorted, disjoint (start, end) pairs inside the prompt; InvalidRequest otherwise."""
-    values = [int(v) for v in values]
+    if len(values) > 2 * MAX_CONTENT_SPANS:  # before any per-value work
+        raise InvalidRequest(f"content_spans has {len(values) // 2} spans; at most {MAX_CONTENT_SPANS} allowed")
     if len(values) % 2:
         raise InvalidRequest(f"content_spans must hold (start, end) pairs; got {len(values)} values")
-    if len(values) > 2 * MAX_CONTENT_SPANS:
-        raise InvalidRequest(f"content_spans has {len(values) // 2} spans; at most {MAX_CONTENT_SPANS} allowed")
+    values = [int(v) for v in values]
     spans, last = [], 0
     for start, end in zip(values[::2], values[1::2]):
         if not last <= start <= end <= text_length:
