@@ -134,6 +134,17 @@ def test_the_salt_travels_with_every_step_that_starts_a_session():
         assert any(op.keep_len == 0 for op in steps)
 
 
+def test_the_prompt_scoring_session_is_salted_too():
+    # request-level routing scores the prompt on a light session of its own; its blocks stay
+    # cached for the request's own prefill, so they must be the request's tenant's
+    from tokenrouter_backend.core.signals.prompt_surprise import measure
+
+    light = FakeBranch("light", ToyLM())
+    asyncio.run(measure(light, PROMPT, session_id=5, max_tokens=20, chunk_tokens=8, cache_salt="tenant-a"))
+    steps = [op for op in light.ops if not op.release]
+    assert len(steps) == 3 and [op.cache_salt for op in steps] == ["tenant-a", "", ""]
+
+
 def test_reuse_counters_count_only_the_same_salt():
     def branch(name):
         config = EngineConfig(prefix_cache_block_tokens=BLOCK)
@@ -164,6 +175,15 @@ def test_the_router_input_becomes_the_requests_salt():
         salt((b"a", b"b"))
     with pytest.raises(InvalidRequest, match="cache_salt is 300 bytes"):
         salt((b"x" * 300,))
+
+
+def test_a_server_may_require_a_salt():
+    strict = RouterDefaults.from_config({"require_cache_salt": "true"})
+    assert strict.require_cache_salt and not RouterDefaults().require_cache_salt
+    assert parse_request(RouterInputs(prompt=(5,), cache_salt=(b"t",)), strict).cache_salt == "t"
+    for values in ((), (b"",)):
+        with pytest.raises(InvalidRequest, match=r"cache_salt is required by this server \(router parameter "):
+            parse_request(RouterInputs(prompt=(5,), cache_salt=values), strict)
 
 
 # ---- the OpenAI front's field ---------------------------------------------------------

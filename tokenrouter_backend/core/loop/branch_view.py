@@ -119,7 +119,7 @@ class BranchView:
         return Step(result, n, first, scored)
 
     def _op(self, keep: int, ids: list[int], **fields) -> BranchOp:
-        """One call on this session: the view's window, and its salt when the call starts it."""
+        """One call on the view's branch session: its window, and its salt when the call starts the session."""
         fields.setdefault("kv_window", self.kv_window)
         return BranchOp(self.session_id, keep, tuple(ids), cache_salt=self.cache_salt if keep == 0 else "", **fields)
 
