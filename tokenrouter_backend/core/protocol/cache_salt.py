@@ -5,8 +5,8 @@ Requests with different ``cache_salt`` values never share an answer-cache entry
 cache-reuse counters of ``routing_stats`` only ever count reuse within the same salt. As in
 vLLM, the salt is mixed into the key of the FIRST block of a prefix chain: every later
 block's key depends on it through the chain. Requests without a salt form one shared tenant
-(today's behaviour among themselves). The salt is a name, not a secret the server keeps:
-it is hashed (``salt_key``) before it reaches any cache.
+(their keys are those of a server without salts). The salt is a name, not a secret the
+server keeps: it is hashed (``salt_key``) before it reaches any cache.
 """
 from __future__ import annotations
 
