@@ -55,7 +55,7 @@ def scripted(op):
         input_probs=np.full(n - 1, 0.75, dtype=np.float32),
         session_len=op.keep_len + n,
         dist=np.full((n, 3), 1 / 3, dtype=np.float32) if op.return_dist else None,
-        forward_ms=2.0, batch_size=1)
+        forward_ms=2.0 + len(op.cache_salt.encode()), batch_size=1)  # the salt's bytes: it crossed
 
 
 class TritonPythonModel:
@@ -79,7 +79,8 @@ class TritonPythonModel:
 def branch_config() -> str:
     """config.pbtxt template (``{name}`` placeholder) built from the contract's input table."""
     inputs = ",\n".join(
-        f'  {{{{ name: "{name}" data_type: {dtype} dims: [ {"-1" if key == "input_ids" else "1"} ] }}}}'
+        f'  {{{{ name: "{name}" data_type: {dtype} dims: [ {"-1" if key == "input_ids" else "1"} ]'
+        f'{" optional: true" if key == "cache_salt" else ""} }}}}'  # sent only when set
         for key, (name, dtype) in TENSOR_INPUTS.items())
     return ('name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
             f"input [\n{inputs}\n]\noutput [\n{OUTPUTS_CONFIG}]\n"
@@ -108,6 +109,8 @@ def test_step_through_a_real_server(start_triton, repo):
         res = await step(branch)
         with pytest.raises(SessionMissing, match="session 7 expired"):
             await step(branch, BranchOp(session_id=7, keep_len=MISSING_KEEP_LEN, input_ids=(1,)))
+        salted = await step(branch, BranchOp(session_id=8, keep_len=0, input_ids=(1, 2), cache_salt="tenant-é"))
+        assert salted.forward_ms == 2.0 + len("tenant-é".encode())  # a BYTES input, as sent
         await branch.release(7)
         await branch.close()
         return res

@@ -6,7 +6,7 @@ import numpy as np
 from tokenrouter_backend.core.protocol.branch_auth import key_parameters
 from tokenrouter_backend.core.protocol.branch_protocol import TENSOR_INPUTS, BranchOp, op_to_arrays
 
-DTYPES = {name: dtype.removeprefix("TYPE_") for name, dtype in TENSOR_INPUTS.values()}
+DTYPES = {name: dtype.removeprefix("TYPE_").replace("STRING", "BYTES") for name, dtype in TENSOR_INPUTS.values()}
 
 
 def _inputs(module, op: BranchOp):

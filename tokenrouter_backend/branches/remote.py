@@ -53,8 +53,8 @@ RECONNECT_BACKOFF_MS = 100  # gRPC's own reconnect delay after a refused connect
 
 _UNREACHABLE = ("StatusCode.UNAVAILABLE",)
 _TIMED_OUT = ("StatusCode.DEADLINE_EXCEEDED",)
-# Triton datatype of each input: the config.pbtxt type without its TYPE_ prefix.
-_INPUT_DTYPES = {name: dtype.removeprefix("TYPE_") for name, dtype in TENSOR_INPUTS.values()}
+# Triton datatype of each input: the config.pbtxt type without its TYPE_ prefix (STRING is BYTES).
+_INPUT_DTYPES = {name: dtype.removeprefix("TYPE_").replace("STRING", "BYTES") for name, dtype in TENSOR_INPUTS.values()}
 
 
 def resolve_heavy_url(param: str | None) -> str:

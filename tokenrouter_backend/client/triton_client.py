@@ -18,7 +18,7 @@ KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
                "router_threshold")
-KNOBS_STR = ("router_mode", "block_schedule")
+KNOBS_STR = ("router_mode", "block_schedule", "cache_salt")
 KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "light_copies", "answer_cache", "show_routing",
               "learned_router")
 

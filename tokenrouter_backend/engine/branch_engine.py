@@ -140,7 +140,7 @@ class BranchEngine:
             fresh = Session(op.session_id, None, 0.0)  # what a new session's window would skip
             skipped = kv_window.plan(fresh, 0, n, first_scored, width, sink).skip
             self.store.admit(op.session_id, need - skipped)
-        session = self.store.open(op.session_id, op.keep_len)
+        session = self.store.open(op.session_id, op.keep_len, op.cache_salt)
         if width and session.length == 0 and not session.windowed:
             kv_window.start(session, sink)
         window = kv_window.plan(session, op.keep_len, n, first_scored, width, sink) if session.windowed \

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from tokenrouter_backend.engine.prefix_cache import CachedBlock
+from tokenrouter_backend.engine.prefix_cache import ROOT_KEY, CachedBlock
 
 MIN_CAPACITY = 64  # tokens allocated for a new session; also the smallest growth step
 
@@ -73,7 +73,7 @@ class Session:
     """One session's KV: shared blocks, then a private tail buffer; its tokens, valid length
     and last use (mutable; owned by the store)."""
 
-    __slots__ = ("session_id", "buf", "length", "last_use", "blocks", "tokens", "sink", "gap", "windowed")
+    __slots__ = ("session_id", "buf", "length", "last_use", "blocks", "tokens", "sink", "gap", "windowed", "root")
 
     def __init__(self, session_id: int, buf: np.ndarray, now: float):
         self.session_id = session_id
@@ -82,6 +82,7 @@ class Session:
         self.last_use = now
         self.blocks: list[CachedBlock] = []  # shared read-only prefix (prefix cache on)
         self.tokens: list[int] = []  # the token of each held position (prefix cache on)
+        self.root = ROOT_KEY  # parent key of its first block: its cache salt's key (``cache_salt.salt_key``)
         self.windowed = False  # a KV window (``kv_window.py``): positions may be dropped (then no sharing)
         self.sink = 0  # windowed: leading positions always kept
         self.gap = 0  # windowed: positions after the sink whose KV is gone (or was never computed)

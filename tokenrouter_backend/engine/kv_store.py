@@ -11,6 +11,8 @@ import).
 With a ``PrefixCache`` the confirmed full blocks of a session's tail move into the cache at
 each step (or onto an identical cached block), and a session that starts on a sequence
 whose leading blocks are cached takes them instead of computing them (``attach_prefix``).
+A session's first block is keyed under its cache salt (``Session.root``, set when a step
+starts the session), so sessions of different salts never share a block.
 ``gather`` copies blocks and tail into the batch as before.
 
 With a ``KVArrays`` of torch tensors (the torch runtime) sessions, growth and ``gather`` stay
@@ -26,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from tokenrouter_backend.core.protocol.branch_protocol import BranchError, KVBudgetFull, SessionMissing
+from tokenrouter_backend.core.protocol.cache_salt import salt_key
 from tokenrouter_backend.engine.kv_session import (
     MIN_CAPACITY,
     KVArrays,
@@ -34,7 +37,7 @@ from tokenrouter_backend.engine.kv_session import (
     grown_capacity,
     numpy_arrays,
 )
-from tokenrouter_backend.engine.prefix_cache import ROOT_KEY, PrefixCache, block_key
+from tokenrouter_backend.engine.prefix_cache import PrefixCache, block_key
 
 
 class KVStore:
@@ -140,8 +143,9 @@ class KVStore:
         return True
 
     # ---- one step ----------------------------------------------------------------
-    def open(self, session_id: int, keep_len: int) -> Session:
-        """Get (or create when keep_len == 0) a session, truncated to ``keep_len``, marked used."""
+    def open(self, session_id: int, keep_len: int, cache_salt: str = "") -> Session:
+        """Get (or create when keep_len == 0) a session, truncated to ``keep_len``, marked used;
+        at keep_len 0 (no block held any more) its blocks are keyed under ``cache_salt``."""
         s = self.get(session_id)
         if s is None:
             if keep_len > 0:
@@ -154,6 +158,8 @@ class KVStore:
                 f"{self.name}: keep_len {keep_len} is outside session {session_id}'s cache of "
                 f"{s.length} tokens (allowed 0..{s.length})")
         self._truncate(s, keep_len)
+        if keep_len == 0:
+            s.root = salt_key(cache_salt)
         if self.prefix_cache is not None and not s.gap:  # a window's entries lost context: never shared
             self._promote(s)
         s.last_use = self.clock()
@@ -222,7 +228,7 @@ class KVStore:
         moved = 0
         while s.length - s.prefix_len >= size:
             start = s.prefix_len
-            parent = s.blocks[-1].key if s.blocks else ROOT_KEY
+            parent = s.blocks[-1].key if s.blocks else s.root
             key = block_key(parent, s.tokens[start:start + size])
             blk = cache.acquire(key)
             if blk is None:
@@ -270,7 +276,7 @@ class KVStore:
         size, got = cache.block_tokens, 0
         cache.stats.lookup_tokens += len(input_ids)
         while got + size <= len(input_ids):
-            parent = s.blocks[-1].key if s.blocks else ROOT_KEY
+            parent = s.blocks[-1].key if s.blocks else s.root
             chunk = [int(t) for t in input_ids[got:got + size]]
             key = block_key(parent, chunk)
             if got + size > limit:  # the caller must feed some of it: copy what it need not

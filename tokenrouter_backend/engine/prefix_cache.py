@@ -3,7 +3,10 @@
 A block holds the KV of ``block_tokens`` consecutive positions ``[j*B, (j+1)*B)``. The KV
 of a position depends only on the tokens up to it, so a block is named by a hash chain:
 ``key_j = blake2b(key_{j-1} + tokens of block j)`` — two sessions whose sequences agree on
-the first ``(j+1)*B`` tokens have the same key for block j, whatever follows. Blocks are
+the first ``(j+1)*B`` tokens have the same key for block j, whatever follows. The parent of
+block 0 is the session's cache-salt key (``ROOT_KEY`` without a salt; vLLM mixes its
+``cache_salt`` into the first block's hash the same way), so chains of different salts
+never meet. Blocks are
 read-only once made and shared: each session holding one counts as a reference. Blocks no
 session holds stay cached for later requests (a repeated system prompt, the same retrieved
 documents) and are evicted least recently used first, whenever the branch's KV budget
@@ -19,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-ROOT_KEY = b""  # the parent of block 0
+ROOT_KEY = b""  # the parent of block 0 of a salt-less session
 DEFAULT_BLOCK_TOKENS = 32  # prefix_cache_block_tokens default
 
 

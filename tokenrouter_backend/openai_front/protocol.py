@@ -12,6 +12,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenrouter_backend.core.protocol.cache_salt import CACHE_SALT, parse_cache_salt
+from tokenrouter_backend.core.protocol.params import InvalidRequest
+
 from .errors import OpenAIError
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
@@ -68,6 +71,8 @@ class GenerationBody(RouterKnobs):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, Any]] = None
+    # vLLM's field: requests of different salts share no cached answer or KV prefix block
+    cache_salt: Optional[str] = None
 
     def check(self) -> None:
         """Refuse what is well-formed but not supported, and unknown fields, by name."""
@@ -88,6 +93,18 @@ class GenerationBody(RouterKnobs):
             raise OpenAIError(f"stop has {len(stops)} entries; at most {MAX_STOP} allowed", param="stop")
         if any(not s for s in stops):
             raise OpenAIError("stop strings must be non-empty", param="stop")
+        self.check_cache_salt()
+
+    def check_cache_salt(self) -> None:
+        """Non-empty when given (as vLLM), UTF-8, at most ``MAX_CACHE_SALT_BYTES`` bytes."""
+        if self.cache_salt is None:
+            return
+        if not self.cache_salt:
+            raise OpenAIError(f"{CACHE_SALT} must be a non-empty string when given", param=CACHE_SALT)
+        try:
+            parse_cache_salt(self.cache_salt)
+        except InvalidRequest as exc:
+            raise OpenAIError(str(exc), param=CACHE_SALT) from None
 
     def stop_words(self) -> list[str]:
         if self.stop is None:
@@ -101,7 +118,7 @@ class GenerationBody(RouterKnobs):
         """The ensemble's optional inputs for this request (absent fields stay server defaults)."""
         knobs: dict[str, Any] = {name: getattr(self, name) for name in ROUTER_KNOBS}
         knobs.update(max_tokens=self.answer_tokens(), temperature=self.temperature, top_p=self.top_p,
-                     random_seed=self.seed, stop_words=self.stop_words() or None)
+                     random_seed=self.seed, stop_words=self.stop_words() or None, cache_salt=self.cache_salt)
         return {k: v for k, v in knobs.items() if v is not None}
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tokenrouter_backend.core.loop.block_loop import GenerationRequest
+from tokenrouter_backend.core.protocol.cache_salt import CACHE_SALT, parse_cache_salt
 from tokenrouter_backend.core.protocol.input_limits import MAX_STOP_IDS, check_count
 from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.text.stop_text import Decode, StopText, parse_stop_words
@@ -43,7 +44,18 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
         end_id=None if end_id is None or end_id < 0 else int(end_id),
         stop_sequences=split_stop_ids(list(inputs.stop_ids)),
         stop_text=stop_text(inputs.stop_words, decode),
+        cache_salt=cache_salt(inputs.cache_salt, defaults.require_cache_salt),
     )
+
+
+def cache_salt(values: Sequence, required: bool = False) -> str:
+    """The ``cache_salt`` input (none or one string) -> the request's salt ("" = salt-less)."""
+    if len(values) > 1:
+        raise InvalidRequest(f"{CACHE_SALT} must hold one string; got {len(values)}")
+    salt = parse_cache_salt(values[0]) if values else ""
+    if required and not salt:
+        raise InvalidRequest(f"{CACHE_SALT} is required by this server (router parameter require_cache_salt)")
+    return salt
 
 
 def stop_text(words: Sequence, decode: Decode | None) -> StopText | None:

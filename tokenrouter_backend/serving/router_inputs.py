@@ -22,6 +22,7 @@ PROMPT_INPUT = "INPUT_ID"  # INT32 [-1]: the prompt's token ids (preprocessing)
 STOP_IDS_INPUT = "STOP_IDS"  # INT32 [-1]: stop sequences, -1 separated (preprocessing: document ends)
 END_ID_INPUT = "END_ID"  # INT32 [1]: the end token; < 0 = none
 STOP_WORDS_INPUT = "stop_words"  # STRING [-1]: stop strings, matched on the decoded text
+CACHE_SALT_INPUT = "cache_salt"  # STRING [1]: the tenant's caches (read raw: checked by parse_cache_salt)
 
 # RouterParams field -> optional scalar input overriding the config default; names follow
 # the TensorRT-LLM ensemble (max_tokens, temperature, ...) and RouterParams' fields
@@ -55,7 +56,7 @@ SCALAR_INPUTS = {
     "learned_router": "learned_router",  # BOOL: false = confidence rule though a router is loaded
     "show_routing": "show_routing",  # BOOL: the final routing_stats carry "routing" runs
 }
-INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, *SCALAR_INPUTS.values(),
+INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, *SCALAR_INPUTS.values(),
                          *PARAM_INPUTS.values()})
 
 
@@ -73,6 +74,7 @@ class RouterInputs:
     dynamic_quantile: Any = None
     learned_router: Any = None
     show_routing: Any = None
+    cache_salt: tuple = ()  # as sent (UTF-8 bytes or str), checked by parse_cache_salt
 
 
 def _values(array: np.ndarray | None) -> list:
@@ -92,5 +94,6 @@ def read_router_request(pb_utils, request) -> RouterInputs:
         params=MappingProxyType({name: value for name, value in params.items() if value is not None}),
         stop_ids=tuple(_values(input_array(pb_utils, request, STOP_IDS_INPUT))),
         stop_words=tuple(_values(input_array(pb_utils, request, STOP_WORDS_INPUT))),
+        cache_salt=tuple(_values(input_array(pb_utils, request, CACHE_SALT_INPUT))),
         **scalars,
     )

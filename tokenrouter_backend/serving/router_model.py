@@ -187,7 +187,7 @@ class RouterModel:
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these
             await self.gate.enter(tokens)  # before any branch work (the perplexity below is light work)
             held = tokens
-            info, surprise = await self._request_level(info)
+            info, surprise = await self._request_level(info, gen_request.cache_salt)
             admission = self.ops.admit(info, gen_request.params)
             mode, arm = admission.params.mode, admission.arm
             gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(inputs),
@@ -215,25 +215,25 @@ class RouterModel:
             self._report_pool()
         self.ops.fail(mode, arm or "none", reason)
 
-    async def _request_level(self, info: RequestInfo) -> tuple[RequestInfo, PromptSurprise | None]:
+    async def _request_level(self, info: RequestInfo, salt: str) -> tuple[RequestInfo, PromptSurprise | None]:
         """What request-level routing reads: the prompt's text, and for the requests it decides
         with perplexity, the light model's NLL per prompt token (mapped onto the text)."""
         if not (self.ops.request_policy.policy and self.decode is not None):
             return info, None
         info = dataclasses.replace(info, prompt_text=self.decode(info.prompt))
-        surprise = await self._prompt_surprise(info.prompt) if self.ops.wants_surprise(info) else None
+        surprise = await self._prompt_surprise(info.prompt, salt) if self.ops.wants_surprise(info) else None
         if surprise is None:
             return info, None
         texts = [self.vocab_texts[t] if 0 <= t < len(self.vocab_texts) else "" for t in info.prompt]
         return dataclasses.replace(info, surprise=TokenSurprise.on_text(surprise, texts)), surprise
 
-    async def _prompt_surprise(self, prompt) -> PromptSurprise | None:
+    async def _prompt_surprise(self, prompt, salt: str) -> PromptSurprise | None:
         """The light model's NLL on the prompt's first tokens (request-level routing); None when
         the light branch cannot score it now (the policy then decides on the rules alone)."""
         policy = self.ops.request_policy
         try:
             return await measure_surprise(self.light, prompt, random.getrandbits(63), policy.perplexity_tokens,
-                                          policy.perplexity_chunk)
+                                          policy.perplexity_chunk, cache_salt=salt)
         except BranchError as exc:
             self.logger.log_warn(f"router: light perplexity for request-level routing unavailable: {exc}")
             return None

@@ -7,7 +7,9 @@ the heavy model like n-gram drafts (verify: lossless, whatever the sampling sett
 route: sent to the heavy model). Retries, repeated questions and fixed prompts (health
 checks, templated calls) then cost about one heavy forward per ``ngram_max_draft`` tokens.
 The cache holds the latest answers of the most recently used prompts, bounded in entries
-and in tokens per answer. Pure Python; one instance per router, used from its event loop.
+and in tokens per answer. Entries are keyed by the request's cache salt as well
+(``core/protocol/cache_salt.py``): a request never follows, nor learns of, an answer given
+under another salt. Pure Python; one instance per router, used from its event loop.
 """
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ from typing import Sequence
 
 import numpy as np
 
+from tokenrouter_backend.core.protocol.cache_salt import salt_key
+
 DEFAULT_ENTRIES = 256  # answer_cache_entries default (0 = off)
 MAX_ANSWER_TOKENS = 4096  # longest answer kept
 
 
-def prompt_key(prompt: Sequence[int]) -> bytes:
-    return hashlib.blake2b(np.asarray(prompt, dtype="<i4").tobytes(), digest_size=16).digest()
+def prompt_key(prompt: Sequence[int], salt: str = "") -> bytes:
+    """The entry's name: the prompt's ids hashed with the salt's key as blake2b's key."""
+    return hashlib.blake2b(np.asarray(prompt, dtype="<i4").tobytes(), digest_size=16, key=salt_key(salt)).digest()
 
 
 class AnswerCache:
@@ -39,12 +44,12 @@ class AnswerCache:
     def __len__(self) -> int:
         return len(self._answers)
 
-    def get(self, prompt: Sequence[int]) -> tuple[int, ...]:
-        """The latest answer to exactly this prompt (() when none)."""
+    def get(self, prompt: Sequence[int], salt: str = "") -> tuple[int, ...]:
+        """The latest answer to exactly this prompt under this salt (() when none)."""
         if not self.entries:
             return ()
         self.lookups += 1
-        key = prompt_key(prompt)
+        key = prompt_key(prompt, salt)
         answer = self._answers.get(key)
         if answer is None:
             return ()
@@ -52,10 +57,10 @@ class AnswerCache:
         self._answers.move_to_end(key)
         return answer
 
-    def put(self, prompt: Sequence[int], answer: Sequence[int]) -> None:
+    def put(self, prompt: Sequence[int], answer: Sequence[int], salt: str = "") -> None:
         if not self.entries or not answer:
             return
-        key = prompt_key(prompt)
+        key = prompt_key(prompt, salt)
         self._answers[key] = tuple(int(t) for t in answer[:MAX_ANSWER_TOKENS])
         self._answers.move_to_end(key)
         while len(self._answers) > self.entries:

@@ -135,15 +135,15 @@ async def generate(
 
     ``emit(tokens, stats, finished)`` is called with finished=True exactly once, last.
     Both branch sessions are released whatever happens (error, cancellation). ``answers``
-    (the decision cache) offers an earlier answer to the same prompt as drafts and keeps
-    this one.
+    (the decision cache) offers an earlier answer to the same prompt under the same cache
+    salt as drafts and keeps this one.
     """
     started = time.perf_counter()
     p = request.params
     # greedy only: drafted from an earlier answer, a sampled answer would depend on the server's
     # history (same seed, other draws); greedy answers are identical either way
     use = answers is not None and p.answer_cache and p.ngram.enabled and p.temperature <= 0
-    prior = answers.get(request.prompt) if use else ()
+    prior = answers.get(request.prompt, request.cache_salt) if use else ()
     loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id, prior=prior)
     try:
         while not loop.done:
@@ -163,7 +163,7 @@ async def generate(
             stats.first_token_ms = stats.total_ms
         await _maybe_await(emit(new, stats, True))
         if answers is not None:
-            answers.put(request.prompt, loop.state.transcript.answer)
+            answers.put(request.prompt, loop.state.transcript.answer, request.cache_salt)
         return stats
     finally:
         await loop.release()

@@ -7,6 +7,8 @@ the positions its caller reads (``score_from``), and sends an input longer than
 ``prefill_chunk`` tokens as several calls, so other requests' steps on that branch run
 between the chunks of a long prompt instead of waiting for all of it. A session that
 vanished under the request (TTL) is re-prefilled once and counted in the request's stats.
+Every call that (re)starts the session (``keep_len`` 0) carries the request's cache salt:
+the branch keys the session's prefix blocks by it.
 """
 from __future__ import annotations
 
@@ -56,12 +58,13 @@ class BranchView:
     """One branch session of one request."""
 
     def __init__(self, branch: Branch, session_id: int, stats: RequestStats,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_window: int = 0):
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_window: int = 0, cache_salt: str = ""):
         self.branch = branch
         self.session_id = session_id
         self.stats = stats
         self.prefill_chunk = max(1, prefill_chunk)
         self.kv_window = kv_window  # sent with every call: the branch keeps sink + ~this many positions
+        self.cache_salt = cache_salt  # sent with a call at keep_len 0: it names the session's prefix blocks
         self.cache: list[int] = []  # exactly the tokens in the branch's session
         self.opened = False
 
@@ -104,18 +107,21 @@ class BranchView:
             # the branch keeps only its sink and the last ``window`` positions: one call with
             # a window of 1 feeds the sink and leaves the rest before the window out
             end = len(seq) - window
-            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:end]), score_last=1, kv_window=1))
+            await self._timed(self._op(pos, seq[pos:end], score_last=1, kv_window=1))
             self.cache = seq[:end]
             pos = end
         while len(seq) - pos > max(chunk, scored):
             size = min(chunk, len(seq) - pos - scored)
-            await self._timed(BranchOp(self.session_id, pos, tuple(seq[pos:pos + size]), score_last=1,
-                                       kv_window=self.kv_window))
+            await self._timed(self._op(pos, seq[pos:pos + size], score_last=1))
             self.cache = seq[:pos + size]
             pos += size
-        op = BranchOp(self.session_id, pos, tuple(seq[pos:]), score_last=scored, kv_window=self.kv_window, **op_fields)
-        result = await self._timed(op)
+        result = await self._timed(self._op(pos, seq[pos:], score_last=scored, **op_fields))
         return Step(result, n, first, scored)
+
+    def _op(self, keep: int, ids: list[int], **fields) -> BranchOp:
+        """One call on the view's branch session: its window, and its salt when the call starts the session."""
+        fields.setdefault("kv_window", self.kv_window)
+        return BranchOp(self.session_id, keep, tuple(ids), cache_salt=self.cache_salt if keep == 0 else "", **fields)
 
     async def _timed(self, op: BranchOp) -> BranchResult:
         self.opened = True

@@ -36,6 +36,7 @@ class GenerationRequest:
     stop_text: StopText | None = None  # stop strings, matched on the decoded text
     route_gate: RouteGate | None = None  # critical classes / learned router; None = default policy
     prompt_surprise: PromptSurprise | None = None  # measured for request-level routing (reported in stats)
+    cache_salt: str = ""  # the tenant whose answer cache and KV prefix blocks it may share ("" = salt-less)
 
     @property
     def stop(self) -> StopCriteria:
@@ -62,8 +63,9 @@ class RequestState:
             self.stats.prompt_score_ms = surprise.elapsed_ms
         sid = session_id if session_id is not None else random.getrandbits(63)
         chunk = self.params.prefill_chunk_tokens
-        self.light = BranchView(light, sid, self.stats, chunk, kv_window=self.params.light_kv_window)
-        self.heavy = BranchView(heavy, sid, self.stats, chunk)
+        salt = request.cache_salt
+        self.light = BranchView(light, sid, self.stats, chunk, kv_window=self.params.light_kv_window, cache_salt=salt)
+        self.heavy = BranchView(heavy, sid, self.stats, chunk, cache_salt=salt)
         self.transcript = Transcript(request.prompt, request.stop, request.stop_text, self.params.mode)
         self.block = self.params.block_size  # drafts asked of the next block
         self.free_drafts: int | None = None  # the plan's cap on model-free drafts (None: the drafter's own)

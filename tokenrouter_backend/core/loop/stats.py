@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 @dataclass
 class RequestStats:
-    """Counters of one request; ``to_json`` is the ``routing_stats`` output."""
+    """Counters of one request; ``to_json`` is the ``routing_stats`` output.
+
+    The cache-reuse fields (``answer_*``, ``*_reused_tokens``) count reuse under the request's
+    own ``cache_salt`` only; what the others can tell about other requests: docs/security.md,
+    "Tenants"."""
 
     mode: str = ""  # the request's Mode value (plain str: this is the wire format)
     prompt_tokens: int = 0

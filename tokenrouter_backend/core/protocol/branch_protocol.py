@@ -26,6 +26,10 @@ first ``kv_sink_tokens`` positions and about its last W only; input tokens that 
 in between are not computed (``engine/kv_window.py``): results are those of the model
 reading the sequence with its middle cut out, at the same positions.
 
+``cache_salt`` (read on a step with keep_len 0, which starts the session) keys the session's
+prefix-cache blocks (``core/protocol/cache_salt.py``): a session reuses, and reports in
+``reused_tokens``, only blocks made under the same salt. Sent only when set.
+
 Choices are greedy (argmax) when ``temperature`` == 0, else sampled from the processed
 distribution (temperature, top_k, top_p) with a generator seeded by (seed, position), so a
 result never depends on what else was in the batch. ``dist`` holds that processed
@@ -41,6 +45,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from tokenrouter_backend.core.protocol.cache_salt import parse_cache_salt
+from tokenrouter_backend.core.protocol.params import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class BranchOp:
     release: bool = False
     score_last: int = 0  # trailing input positions to score; 0 = all
     kv_window: int = 0  # keep only the session's sink + last ~kv_window positions; 0 = all (fixed at creation)
+    cache_salt: str = ""  # the tenant of the session's prefix blocks (read at keep_len 0); "" = salt-less
 
     @property
     def scored(self) -> int:
@@ -183,6 +191,7 @@ TENSOR_INPUTS = {
     "release": ("release", "TYPE_BOOL"),
     "score_last": ("score_last", "TYPE_INT32"),
     "kv_window": ("kv_window", "TYPE_INT32"),
+    "cache_salt": ("cache_salt", "TYPE_STRING"),  # [1], sent only when set
 }
 TENSOR_OUTPUTS = {
     "tokens": "tokens",  # INT32 [-1]
@@ -220,6 +229,8 @@ def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
         "score_last": np.array([[op.score_last]], dtype=np.int32),
         "kv_window": np.array([[op.kv_window]], dtype=np.int32),
     }
+    if op.cache_salt:
+        values["cache_salt"] = np.array([[op.cache_salt.encode("utf-8", errors="surrogatepass")]], dtype=np.object_)
     return {TENSOR_INPUTS[k][0]: v for k, v in values.items()}
 
 
@@ -259,7 +270,18 @@ def op_from_arrays(get) -> BranchOp:
         release=release,
         score_last=int(scalar("score_last", 0)),
         kv_window=int(scalar("kv_window", 0)),
+        cache_salt=_salt(get(TENSOR_INPUTS["cache_salt"][0])),
     )
+
+
+def _salt(arr: np.ndarray | None) -> str:
+    """The ``cache_salt`` input (absent or empty: ""); checked like the router's input."""
+    if arr is None or arr.size == 0:
+        return ""
+    try:
+        return parse_cache_salt(arr.reshape(-1)[0])
+    except InvalidRequest as exc:
+        raise ValueError(f"branch input {exc}") from None
 
 
 def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:

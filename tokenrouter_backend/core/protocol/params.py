@@ -75,6 +75,7 @@ class RouterDefaults:
     light_copies: bool = True  # route, greedy: n-gram copies read by the light model in one forward
     light_kv_window: int = 512  # verify: light branch keeps its sink + this many recent positions; 0 = all
     answer_cache_entries: int = 256  # decision cache: earlier answers kept (by prompt) as drafts; 0 = off
+    require_cache_salt: bool = False  # refuse requests without a cache_salt (every request names its tenant)
 
     @classmethod
     def from_config(cls, parameters: Mapping[str, str]) -> "RouterDefaults":

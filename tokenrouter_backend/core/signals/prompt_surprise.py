@@ -9,8 +9,8 @@ contract scores as the model's own choice) and every token past ``max_tokens`` s
 
 Cost: one light prefill of those tokens with the vocabulary-sized LM head at every
 position (``chunk_tokens`` x vocabulary floats of logits per forward). A fully scored
-prefill does not read the prefix cache, but its full blocks are left in it, so the
-request's own light prefill afterwards reuses them.
+prefill does not read the prefix cache, but its full blocks are left in it (under the
+request's cache salt), so the request's own light prefill afterwards reuses them.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class PromptSurprise:
 
 
 async def measure(light: Branch, prompt: Sequence[int], session_id: int, max_tokens: int,
-                  chunk_tokens: int) -> PromptSurprise:
+                  chunk_tokens: int, cache_salt: str = "") -> PromptSurprise:
     """Score the prompt's first ``max_tokens`` tokens on the light branch (see the module docstring)."""
     started = time.perf_counter()
     nll = np.full(len(prompt), np.nan)
@@ -51,7 +51,8 @@ async def measure(light: Branch, prompt: Sequence[int], session_id: int, max_tok
     try:
         for start in range(0, n, max(1, chunk_tokens)):
             chunk = tuple(int(t) for t in prompt[start:min(n, start + chunk_tokens)])
-            res = await light.step(BranchOp(session_id=session_id, keep_len=kept, input_ids=chunk, score_last=0))
+            res = await light.step(BranchOp(session_id=session_id, keep_len=kept, input_ids=chunk, score_last=0,
+                                            cache_salt=cache_salt if kept == 0 else ""))
             probs = np.asarray(res.input_probs, np.float64)[: len(chunk) - 1]
             nll[start + 1:start + 1 + len(probs)] = -np.log(np.clip(probs, _TINY, 1.0))
             kept = res.session_len
