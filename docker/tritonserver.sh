@@ -12,6 +12,11 @@
 #                                exits 3 when a model's Python stub dies so the container
 #                                restarts; 0: exec tritonserver directly
 #   TOKENROUTER_STUB_WATCH_POLL_S seconds between the watchdog's checks (default 2)
+#   TOKENROUTER_MAX_REQUEST_BYTES --http-max-input-size when the tritonserver knows it (Triton
+#                                >= 2.59, image 25.07 on): the largest HTTP input / JSON body,
+#                                bytes (default 8388608 = 8 MiB, as `tokenrouter serve
+#                                --max-request-bytes`); Triton has no gRPC size option (its
+#                                gRPC limit is fixed at 2 GiB)
 #   PYTHON                       the Python with tokenrouter_backend (default python3)
 # HTTP header: tokenrouter-admin-key; gRPC metadata: triton-grpc-protocol-tokenrouter-admin-key.
 set -euo pipefail
@@ -23,7 +28,20 @@ case "$watch" in
   *) echo "tritonserver.sh: TOKENROUTER_STUB_WATCH must be 0 or 1, got '$watch'" >&2; exit 2 ;;
 esac
 key_file=${TOKENROUTER_ADMIN_KEY_FILE:-${HOME:-.}/tokenrouter-admin.key}
+max_bytes=${TOKENROUTER_MAX_REQUEST_BYTES:-8388608}
+case "$max_bytes" in
+  ''|*[!0-9]*|0) echo "tritonserver.sh: TOKENROUTER_MAX_REQUEST_BYTES must be a positive number of bytes," \
+                      "got '$max_bytes'" >&2; exit 2 ;;
+esac
 flags=(--exit-on-error=true --strict-readiness=true)
+# Triton 2.59 (25.07) and later know --http-max-input-size; an older one (the wheel's 2.51) would
+# refuse to start on it, so ask its --help first
+help=$("${TRITONSERVER:-tritonserver}" --help 2>&1 || true)
+case "$help" in
+  *--http-max-input-size*) flags+=("--http-max-input-size=$max_bytes") ;;
+  *) echo "tritonserver.sh: this tritonserver has no --http-max-input-size (Triton < 2.59):" \
+          "HTTP request bodies are not size-limited" >&2 ;;
+esac
 for arg in "$@"; do
   case "$arg" in
     --model-control-mode=explicit|--model-control-mode=poll)

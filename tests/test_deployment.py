@@ -404,6 +404,29 @@ def test_server_wrapper_adds_restriction_and_strict_flags(tmp_path):
     assert generated.stdout.count(key) == 2  # in the two flags only, never in its own message
 
 
+def test_server_wrapper_limits_http_input_size_as_serve_does(tmp_path):
+    from tokenrouter_backend.server.door import DEFAULT_MAX_REQUEST_BYTES
+
+    newer = tmp_path / "newer" / "tritonserver"  # a Triton >= 2.59: its --help lists the option
+    newer.parent.mkdir()
+    newer.write_text('#!/usr/bin/env bash\n[ "$1" = --help ] && { echo "  --http-max-input-size <integer>"; exit 1; }\n'
+                     'printf "%s\\n" "$@"\n')
+    newer.chmod(0o755)
+    key = {"TOKENROUTER_ADMIN_KEY": "a" * 20, "TRITONSERVER": str(newer)}
+    default = run_wrapper(tmp_path, {**key, "TOKENROUTER_MAX_REQUEST_BYTES": None})
+    assert default.returncode == 0, default.stderr
+    assert f"--http-max-input-size={DEFAULT_MAX_REQUEST_BYTES}" in default.stdout.split()
+    raised = run_wrapper(tmp_path, {**key, "TOKENROUTER_MAX_REQUEST_BYTES": "1048576"})
+    assert "--http-max-input-size=1048576" in raised.stdout.split()
+    for bad in ("0", "8MiB", "-1"):
+        res = run_wrapper(tmp_path, {**key, "TOKENROUTER_MAX_REQUEST_BYTES": bad})
+        assert res.returncode == 2 and "TOKENROUTER_MAX_REQUEST_BYTES" in res.stderr, bad
+    # an older tritonserver (the wheel's 2.51) would not start with the flag: left out, said so
+    older = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": "a" * 20})
+    assert older.returncode == 0 and "--http-max-input-size" not in older.stdout
+    assert "has no --http-max-input-size" in older.stderr
+
+
 def test_server_wrapper_refuses_open_explicit_mode_and_bad_keys(tmp_path):
     opened = run_wrapper(tmp_path, {"TOKENROUTER_RESTRICTED_APIS": "none"}, "--model-repository=/m")
     assert opened.returncode == 0 and "restricted" not in opened.stdout

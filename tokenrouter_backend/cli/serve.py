@@ -1,5 +1,6 @@
 """`tokenrouter serve`: run tritonserver on a model repository until interrupted, restarting it
-when it or a model's Python stub dies (the policy: server/supervisor.py)."""
+when it or a model's Python stub dies (the policy: server/supervisor.py), behind the door that
+refuses oversized requests (server/door.py): tritonserver's HTTP and gRPC stay on loopback."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,10 @@ from pathlib import Path
 from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV
 from tokenrouter_backend.server import paths
+from tokenrouter_backend.server.door import DEFAULT_MAX_REQUEST_BYTES, Door, DoorError
+from tokenrouter_backend.server.door_http import LIMIT_FLAG
 from tokenrouter_backend.server.errors import TritonServerError
+from tokenrouter_backend.server.exposure import exposure_warning, server_version
 from tokenrouter_backend.server.ports import LOOPBACK
 from tokenrouter_backend.server.process import (
     DEFAULT_READY_TIMEOUT_S,
@@ -75,10 +79,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the router's heavy server(s) over gRPC (repeatable or comma list; several = "
                              f"a heavy pool); sets ${HEAVY_URL_ENV}, which overrides the router's heavy_url "
                              "(default: unset, the repository's heavy_url)")
+    add_door_arguments(parser)
     add_restart_arguments(parser)
     add_openai_arguments(parser)
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
                         help=f"seconds to wait for every model (default {DEFAULT_READY_TIMEOUT_S:.0f})")
+
+
+def add_door_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("the door (request-size limit in front of tritonserver's HTTP and gRPC)")
+    group.add_argument(LIMIT_FLAG, type=_request_limit, default=DEFAULT_MAX_REQUEST_BYTES, metavar="BYTES",
+                       help="refuse an HTTP body (413) or gRPC message (RESOURCE_EXHAUSTED) larger than this "
+                            f"before tritonserver sees it (default {DEFAULT_MAX_REQUEST_BYTES // MIB} MiB; "
+                            "see docs/security.md, 'Limits at the door')")
+    group.add_argument("--no-door", action="store_true",
+                       help="no door: tritonserver itself listens on --address and the ports, with no "
+                            "request-size limit (the wheel's tritonserver has none)")
+
+
+def _request_limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes, got {text!r}") from None
+    if not 1 <= value <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be in [1, {2**31 - 1}] bytes, got {value}")
+    return value
+
+
+def start_door(args: argparse.Namespace, server: TritonServer) -> Door | None:
+    """The door on the user's address and ports in front of the (ready) server; None with --no-door."""
+    if args.no_door:
+        return None
+    return Door(address=args.address, http_port=args.http_port, grpc_port=args.grpc_port,
+                upstream_http=server.http_url, upstream_grpc=server.grpc_url,
+                max_request_bytes=args.max_request_bytes).start()
+
+
+def warn_exposure(args: argparse.Namespace, server: TritonServer) -> None:
+    """Loudly, on stderr and in the server's log: listening beyond loopback with a vulnerable Triton."""
+    text = exposure_warning(args.address, server_version(server.http_url),
+                            None if args.no_door else args.max_request_bytes)
+    if text is None:
+        return
+    print(f"tokenrouter serve: {text}", file=sys.stderr, flush=True)
+    try:
+        with open(server.log_path, "a", encoding="utf-8") as log:
+            log.write(f"tokenrouter serve: {text}\n")
+    except OSError:
+        pass
 
 
 def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,8 +199,11 @@ def run(args: argparse.Namespace) -> int:
         policy = RestartPolicy(args.restarts, args.restart_window_s, args.restart_backoff_s)
         if args.heavy_url:
             os.environ[HEAVY_URL_ENV] = ",".join(parse_heavy_urls(",".join(args.heavy_url)))
-        server = TritonServer(repository, http_port=port(args.http_port), grpc_port=port(args.grpc_port),
-                              metrics_port=port(args.metrics_port), address=args.address,
+        door_on = not args.no_door  # the door takes the user's HTTP/gRPC address and ports
+        server = TritonServer(repository, http_port=None if door_on else port(args.http_port),
+                              grpc_port=None if door_on else port(args.grpc_port),
+                              metrics_port=port(args.metrics_port),
+                              address=LOOPBACK if door_on else args.address, metrics_address=args.address,
                               model_control_mode=args.model_control_mode, load_models=args.load_model,
                               shm_default_bytes=args.shm_bytes, shm_growth_bytes=args.shm_growth_bytes,
                               log_path=args.log_file, log_verbose=args.log_verbose,
@@ -162,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     restricted = _announce_restriction(server, args.admin_key_file or paths.data_dir() / "admin.key")
     stop_requested = threading.Event()
     serving = threading.Event()
-    front = None
+    front = door = None
 
     def on_signal(signum, _frame):
         stop_requested.set()
@@ -175,20 +227,26 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         server.start()
         server.wait_ready()
+        door = start_door(args, server)
+        public = door or server
+        warn_exposure(args, server)
         front = start_openai_front(args, repository, server.grpc_url)
-        print(f"ready\n  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n"
+        print(f"ready\n  HTTP    {public.http_url}\n  gRPC    {public.grpc_url}\n"
               f"  metrics {server.metrics_url}" + (f"\n  OpenAI  {front.url}" if front else "")
               + (f"\n  heavy   {os.environ[HEAVY_URL_ENV]}" if args.heavy_url else "")
+              + (f"\n  door    requests over {door.limit} bytes refused ({LIMIT_FLAG})" if door
+                 else "\n  door    off (--no-door): no request-size limit")
               + f"\n  {restricted}", flush=True)
-        code = Supervisor(server, policy, stop_requested, serving=serving).watch(
-            lambda: _front_stopped(front))
+        code = Supervisor(server, policy, stop_requested, serving=serving,
+                          endpoints=lambda: f"HTTP {public.http_url}, gRPC {public.grpc_url}").watch(
+            lambda: _front_stopped(front) or _door_stopped(door))
         if code == 0:
             print("tokenrouter serve: stopping", flush=True)
         return code
     except TritonServerError as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 1
-    except FrontFailed as err:
+    except (FrontFailed, DoorError) as err:
         print(f"tokenrouter serve: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -197,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if front is not None:
             front.stop()
+        if door is not None:
+            door.stop()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -204,6 +264,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _front_stopped(front) -> str | None:
     return None if front is None or front.is_running() else "the OpenAI front stopped; stopping"
+
+
+def _door_stopped(door: Door | None) -> str | None:
+    return None if door is None or door.is_running() else "the door stopped; stopping"
 
 
 def _announce_restriction(server: TritonServer, key_file: Path) -> str:

@@ -64,16 +64,19 @@ class TritonServer:
     ``model_control_mode`` is ``none`` (load everything at start), ``explicit`` (load
     ``load_models``, default ``["*"]``, and allow `load_model`/`unload_model`) or ``poll``.
     ``shm_default_bytes``/``shm_growth_bytes``: the Python backend's shared memory per model
-    instance (see DEFAULT_SHM_BYTES). ``log_path``: stdout+stderr of the server and its
-    stubs (appended). ``ready_timeout_s``: default of `wait_ready`. ``restricted_apis``:
-    Triton APIs that need the admin header (``restrictions.py``; ``()`` opens all), with
-    ``admin_key`` (default ``$TOKENROUTER_ADMIN_KEY``, else random); explicit model control
-    requires ``model-repository`` among them.
+    instance (see DEFAULT_SHM_BYTES). ``metrics_address``: where the metrics port listens
+    (default ``address``; `serve` keeps HTTP and gRPC on loopback behind its door).
+    ``log_path``: stdout+stderr of the server and its stubs (appended). ``ready_timeout_s``:
+    default of `wait_ready`. ``restricted_apis``: Triton APIs that need the admin header
+    (``restrictions.py``; ``()`` opens all), with ``admin_key`` (default
+    ``$TOKENROUTER_ADMIN_KEY``, else random); explicit model control requires
+    ``model-repository`` among them.
     """
 
     def __init__(self, repository: Path | str, *, http_port: int | None = None,
                  grpc_port: int | None = None, metrics_port: int | None = None,
-                 address: str = LOOPBACK, model_control_mode: str = "none",
+                 address: str = LOOPBACK, metrics_address: str | None = None,
+                 model_control_mode: str = "none",
                  load_models: Sequence[str] | None = None,
                  shm_default_bytes: int = DEFAULT_SHM_BYTES,
                  shm_growth_bytes: int = DEFAULT_SHM_GROWTH_BYTES,
@@ -94,6 +97,7 @@ class TritonServer:
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self.http_port, self.grpc_port, self.metrics_port = self._pick_ports()
         self.address = address
+        self.metrics_address = address if metrics_address is None else metrics_address
         self.model_control_mode = model_control_mode
         self.load_models = list(load_models) if load_models is not None else (
             ["*"] if model_control_mode == "explicit" else [])
@@ -128,7 +132,8 @@ class TritonServer:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._client_host}:{self.metrics_port}/metrics"
+        host = LOOPBACK if self.metrics_address in ("0.0.0.0", "") else self.metrics_address
+        return f"http://{host}:{self.metrics_port}/metrics"
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -157,7 +162,7 @@ class TritonServer:
             f"--model-control-mode={self.model_control_mode}",
             f"--http-address={self.address}", f"--http-port={self.http_port}",
             f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}",
+            f"--metrics-address={self.metrics_address}", f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-default-byte-size={self.shm_default_bytes}",
             f"--backend-config=python,shm-growth-byte-size={self.shm_growth_bytes}",
             # unique shared-memory names: several servers may run on one machine

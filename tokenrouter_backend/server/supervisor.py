@@ -110,7 +110,8 @@ class Supervisor:
     def __init__(self, server: TritonServer, policy: RestartPolicy, stop: threading.Event, *,
                  serving: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[float], bool] | None = None, poll_s: float = POLL_INTERVAL_S,
-                 say: Callable[[str], None] = _stdout, warn: Callable[[str], None] = _stderr):
+                 say: Callable[[str], None] = _stdout, warn: Callable[[str], None] = _stderr,
+                 endpoints: Callable[[], str] | None = None):
         self.server = server
         self.policy = policy
         self.stop = stop
@@ -119,6 +120,8 @@ class Supervisor:
         self.wait = wait or stop.wait
         self.poll_s = poll_s
         self.say, self.warn = say, warn
+        # where clients reach the server (serve's door, when it has one), for the "ready again" line
+        self.endpoints = endpoints or (lambda: f"HTTP {server.http_url}, gRPC {server.grpc_url}")
         self.restarts: deque[float] = deque()  # times of the restarts within the window
 
     def watch(self, other_failure: Callable[[], str | None] = lambda: None) -> int:
@@ -167,7 +170,7 @@ class Supervisor:
                 death = Death(Cause.RESTART_FAILED, str(err))
                 continue
             self.say(f"{PREFIX}restarted ({k} of {self.policy.max_restarts} in the window); "
-                     f"ready again on HTTP {self.server.http_url}, gRPC {self.server.grpc_url}")
+                     f"ready again on {self.endpoints()}")
             return True
 
     def _admit_restart(self) -> int | None:
