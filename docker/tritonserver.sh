@@ -42,16 +42,32 @@ case "$help" in
   *) echo "tritonserver.sh: this tritonserver has no --http-max-input-size (Triton < 2.59):" \
           "HTTP request bodies are not size-limited" >&2 ;;
 esac
-for arg in "$@"; do
-  case "$arg" in
-    --model-control-mode=explicit|--model-control-mode=poll)
-      case ",$apis," in
-        *,model-repository,*) ;;
-        *) echo "tritonserver.sh: $arg lets clients load models; it needs model-repository in" \
-                "TOKENROUTER_RESTRICTED_APIS (now '$apis')" >&2; exit 2 ;;
-      esac ;;
-  esac
+# The model control mode as tritonserver reads it (getopt_long): --model-control-mode=MODE or
+# --model-control-mode MODE, any unambiguous prefix of the name (--model-cont...), the value in
+# any case; the last one wins.
+flag=--model-control-mode
+mode=none
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  name=${args[i]%%=*}
+  # a prefix of the flag's name at least as long as --model-cont (shorter ones name no option
+  # or another one: --model-config-name)
+  if [ "${#name}" -lt 12 ] || [ "${flag#"$name"}" = "$flag" ]; then continue; fi
+  if [ "$name" != "${args[i]}" ]; then
+    mode=${args[i]#*=}
+  elif ((i + 1 < ${#args[@]})); then
+    i=$((i + 1))
+    mode=${args[i]}
+  fi
 done
+case "${mode,,}" in
+  explicit|poll)
+    case ",$apis," in
+      *,model-repository,*) ;;
+      *) echo "tritonserver.sh: --model-control-mode ${mode,,} lets clients load models; it needs" \
+              "model-repository in TOKENROUTER_RESTRICTED_APIS (now '$apis')" >&2; exit 2 ;;
+    esac ;;
+esac
 if [ "$apis" != "none" ]; then
   key=${TOKENROUTER_ADMIN_KEY:-}
   if [ -z "$key" ]; then

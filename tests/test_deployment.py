@@ -1,5 +1,6 @@
-"""Deployment files: docker-compose.yml per profile, the Dockerfile, its requirements
-(Python 3.12 of the Triton 25.07 image, and 3.10), the container scripts, and Python 3.10
+"""Deployment files: docker-compose.yml per profile (hardening included), the Dockerfile (the
+Triton release against NVIDIA's bulletins, the digest pin), the lock files, the image
+requirements (Python 3.12 of the Triton 26.09 image), the container scripts, and Python 3.10
 compatibility of the sources.
 
 No Docker engine is needed: the compose file is parsed by the compose CLI (`docker-compose
@@ -198,21 +199,105 @@ def dockerfile() -> str:
     return (ROOT / "Dockerfile").read_text()
 
 
+# NVIDIA's Triton security bulletins from the one 25.07 fixed on (NVIDIA/product-security; the
+# bulletin's number: its CVEs and the first NGC release that fixes them). docs/security.md,
+# "Triton versions and the bulletins", is the same table in words.
+BULLETINS = {
+    "5687": ("25.07", ["CVE-2025-23310", "CVE-2025-23311", "CVE-2025-23317", "CVE-2025-23318", "CVE-2025-23319",
+                       "CVE-2025-23320", "CVE-2025-23321", "CVE-2025-23322", "CVE-2025-23323", "CVE-2025-23324",
+                       "CVE-2025-23325", "CVE-2025-23326", "CVE-2025-23327", "CVE-2025-23331", "CVE-2025-23333",
+                       "CVE-2025-23334", "CVE-2025-23335"]),
+    "5691": ("25.08", ["CVE-2025-23316", "CVE-2025-23268", "CVE-2025-23328", "CVE-2025-23329",
+                       "CVE-2025-23336"]),
+    "5723": ("25.09", ["CVE-2025-33202"]),
+    "5734": ("25.10", ["CVE-2025-33211", "CVE-2025-33201"]),
+    "5790": ("26.01", ["CVE-2025-33238", "CVE-2025-33254", "CVE-2026-24158"]),
+    "5816": ("26.02", ["CVE-2026-24146", "CVE-2026-24173", "CVE-2026-24174", "CVE-2026-24175",
+                       "CVE-2026-24147"]),
+    "5828": ("26.03", ["CVE-2026-24207", "CVE-2026-24213", "CVE-2026-24214", "CVE-2026-24209",
+                       "CVE-2026-24210", "CVE-2026-24206", "CVE-2026-24215", "CVE-2026-24208"]),
+    "5848": ("26.04", ["CVE-2026-24264", "CVE-2026-24266"]),
+    "5853": ("26.05", ["CVE-2026-47476", "CVE-2026-47477", "CVE-2026-47478", "CVE-2026-47479",
+                       "CVE-2026-47480", "CVE-2026-47482", "CVE-2026-47481"]),
+    "5860": ("26.03", ["CVE-2026-47487"]),
+    "5865": ("26.06", ["CVE-2026-47627", "CVE-2026-47629", "CVE-2026-47628", "CVE-2026-47606",
+                       "CVE-2026-47630"]),
+    "5875": ("26.07", ["CVE-2026-16497", "CVE-2026-47625"]),
+}
+SECURITY_DOC = ROOT / "docs" / "security.md"
+
+
+def triton_release() -> str:
+    return re.search(r"^ARG TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:(\d+\.\d+)-py3$", dockerfile(), re.M).group(1)
+
+
+def test_image_release_carries_every_bulletin_fix():
+    release = tuple(int(x) for x in triton_release().split("."))
+    for bulletin, (fixed, _) in BULLETINS.items():
+        assert release >= tuple(int(x) for x in fixed.split(".")), f"bulletin {bulletin} needs {fixed}"
+    # the security doc names the image's release and every bulletin with its CVEs and release
+    section = SECURITY_DOC.read_text().split("## Triton versions and the bulletins", 1)[1].split("\n## ", 1)[0]
+    assert f"tritonserver:{triton_release()}-py3" in section
+    for bulletin, (fixed, cves) in BULLETINS.items():
+        row = next((line for line in section.splitlines() if f"answer {bulletin}" in line), None)
+        assert row, f"bulletin {bulletin} is missing from docs/security.md"
+        assert f"| {fixed}" in row and all(cve in row for cve in cves), row
+
+
+def test_base_image_is_pinned_by_a_digest_the_build_cannot_do_without():
+    text = dockerfile()
+    # no default digest: a digest is read from the registry by whoever builds, never made up
+    assert re.search(r"^ARG TRITON_IMAGE_DIGEST$", text, re.M)
+    assert re.search(r"^FROM \$\{TRITON_IMAGE\}@\$\{TRITON_IMAGE_DIGEST\} AS serve$", text, re.M)
+    assert len(re.findall(r"^FROM ", text, re.M)) == 2  # serve (pinned) and export (FROM serve)
+    for name in PROFILES:
+        for svc, d in in_profile(compose_config(name), name).items():
+            assert d["build"]["args"]["TRITON_IMAGE_DIGEST"] == "", svc
+    digest = "sha256:" + "ab" * 32
+    router = compose_config("split", {"TRITON_IMAGE_DIGEST": digest})["services"]["router"]
+    assert router["build"]["args"]["TRITON_IMAGE_DIGEST"] == digest
+
+
+def run_pin(tmp_path: Path, printed: str, *args: str) -> subprocess.CompletedProcess:
+    """scripts/pin-triton-image.sh with a stand-in `docker` that prints a manifest digest."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "docker"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$@" > "{tmp_path}/docker-args"\necho "{printed}"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENV_FILE": str(tmp_path / ".env")}
+    return subprocess.run(["bash", str(ROOT / "scripts/pin-triton-image.sh"), *args], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def test_pin_script_writes_the_registry_digest_and_refuses_anything_else(tmp_path):
+    digest = "sha256:" + "0123456789abcdef" * 4
+    env_file = tmp_path / ".env"
+    env_file.write_text("TRITON_BIND_ADDRESS=127.0.0.1\nTRITON_IMAGE_DIGEST=sha256:old\n")
+    ok = run_pin(tmp_path, digest)
+    assert ok.returncode == 0, ok.stderr
+    assert "nvcr.io/nvidia/tritonserver:26.09-py3" in (tmp_path / "docker-args").read_text()
+    assert env_file.read_text() == f"TRITON_BIND_ADDRESS=127.0.0.1\nTRITON_IMAGE_DIGEST={digest}\n"
+    for bad in ("", "sha256:abc", "latest", f"{digest} extra"):
+        refused = run_pin(tmp_path, bad)
+        assert refused.returncode != 0 and "digest" in refused.stderr, bad
+        assert env_file.read_text().endswith(f"TRITON_IMAGE_DIGEST={digest}\n")  # left as it was
+
+
 def test_dockerfile_stages_base_image_and_copies():
     text = dockerfile()
-    assert "ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.07-py3" in text
-    assert re.search(r"^FROM \$\{TRITON_IMAGE\} AS serve$", text, re.M)
+    assert triton_release() == "26.09"
     assert re.search(r"^FROM serve AS export$", text, re.M)
-    assert "pip install --no-deps ." in text  # the CPU-venv pins stay out of the image
+    assert "pip install --no-deps --no-build-isolation ." in text  # the CPU-venv pins stay out of the image
     for src in re.findall(r"^COPY (\S+) ", text, re.M):
         assert (ROOT / src).exists(), f"Dockerfile copies {src}, which is missing"
     for req in re.findall(r"-r (docker/\S+)", text):
         assert (ROOT / req).is_file(), req
 
 
-def pip_resolve(requirements: Path, tmp_path: Path, python: str = "3.10") -> dict[str, str]:
+def pip_resolve(requirements: Path, tmp_path: Path, python: str = "3.12", extra: list[str] = ()) -> dict[str, str]:
     report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", *extra,
            "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
            "--abi", "cp" + python.replace(".", ""), "--target", str(tmp_path / "t"),
            "--report", str(report), "-r", str(requirements)]
@@ -226,11 +311,16 @@ def pip_resolve(requirements: Path, tmp_path: Path, python: str = "3.10") -> dic
 
 
 @pytest.mark.index  # pip resolves against the package index: minutes, not a pure test
-@pytest.mark.parametrize("python", ["3.12", "3.10"])  # the 25.07 image's Python; the 24.10 one's
-def test_image_requirements_resolve(tmp_path, python):
+@pytest.mark.parametrize("requirements", ["requirements-export.txt", "requirements-export.lock"])
+def test_image_requirements_resolve(tmp_path, requirements):
+    """For Python 3.12, the 26.09 image's (Ubuntu 24.04); the lock with its hashes checked."""
     # the export requirements include the serving ones (-r), so one resolve checks both
     assert "-r requirements-serve.txt" in (ROOT / "docker/requirements-export.txt").read_text()
-    resolved = pip_resolve(ROOT / "docker/requirements-export.txt", tmp_path, python)
+    # the lock: hashes required, and complete (pip resolves it without adding a package); in
+    # hash-checking mode pip checks Requires-Python against its own interpreter, not against
+    # --python-version, so that check is left to the .txt case (uv made the lock for 3.12)
+    extra = ["--require-hashes", "--ignore-requires-python"] if requirements.endswith(".lock") else []
+    resolved = pip_resolve(ROOT / "docker" / requirements, tmp_path, "3.12", extra)
     assert resolved["onnxruntime-gpu"].startswith("1.23.")
     assert "onnxruntime" not in resolved, "CPU onnxruntime would clash with onnxruntime-gpu"
     assert resolved["torch"] == "2.10.0"
@@ -238,6 +328,93 @@ def test_image_requirements_resolve(tmp_path, python):
     assert int(resolved["numpy"].split(".")[0]) < 2
     cuda13 = [n for n in resolved if n.endswith("-cu13") or n == "cuda-toolkit"]
     assert not cuda13, f"CUDA 13 packages in a CUDA 12 image: {cuda13}"
+
+
+# ---- lock files (scripts/lock.sh) ---------------------------------------------------------
+LOCK = ROOT / "requirements.lock"
+LOCK_PYTHON = (3, 11)  # the interpreter and machine requirements.lock was made for (scripts/setup.sh)
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, sha256 hashes) of a lock file made by scripts/lock.sh."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    name = None
+    for line in path.read_text().splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==(\S+)", line):
+            name = canonical(m.group(1))
+            entries[name] = (m.group(2), [])
+        elif (h := re.search(r"--hash=sha256:([0-9a-f]{64})", line)) and name:
+            entries[name][1].append(h.group(1))
+        elif line.strip() and not line.startswith("#") and not line.startswith("    --hash"):
+            pytest.fail(f"{path.name}: unexpected line {line!r}")
+    return entries
+
+
+def requirement_lines(path: Path) -> list[str]:
+    lines = []
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            lines += requirement_lines(path.parent / line[3:])
+        elif line:
+            lines.append(line)
+    return lines
+
+
+def pyproject_requirements() -> list[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    blocks = [re.search(r"^dependencies = \[(.*?)^\]", text, re.M | re.S).group(1),
+              re.search(r"^dev = \[(.*?)\]", text, re.M | re.S).group(1)]
+    return [s for block in blocks for s in re.findall(r'"([^"]+)"', "\n".join(
+        line.split("#", 1)[0] for line in block.splitlines()))]
+
+
+def assert_lock_satisfies(lock: Path, requirements: list[str]):
+    from packaging.requirements import Requirement
+
+    entries = locked(lock)
+    assert entries, lock
+    for name, (version, hashes) in entries.items():
+        assert hashes, f"{lock.name}: {name}=={version} has no hash"
+    for line in requirements:
+        req = Requirement(line)
+        name = canonical(req.name)
+        assert name in entries, f"{lock.name} misses {line} (rerun scripts/lock.sh)"
+        version = entries[name][0]
+        assert req.specifier.contains(version, prereleases=True), \
+            f"{lock.name} has {name}=={version}, outside {line} (rerun scripts/lock.sh)"
+
+
+def test_venv_lock_pins_every_dependency_with_hashes():
+    assert_lock_satisfies(LOCK, pyproject_requirements())
+    assert locked(LOCK)["torch"][0] == "2.13.0+cpu"  # the CPU build, not the CUDA one
+    assert "nvidia-cudnn-cu13" not in locked(LOCK) and "nvidia-cudnn-cu12" not in locked(LOCK)
+
+
+def test_image_locks_pin_their_requirements_and_the_images_install_them_with_hashes():
+    for image in ("serve", "export"):
+        assert_lock_satisfies(ROOT / f"docker/requirements-{image}.lock",
+                              requirement_lines(ROOT / f"docker/requirements-{image}.txt"))
+        assert f"pip install --require-hashes --no-deps -r docker/requirements-{image}.lock" in dockerfile()
+    assert not re.search(r"pip install (?!--require-hashes|--no-deps --no-build-isolation \.)", dockerfile())
+
+
+def test_setup_installs_the_lock_with_hashes():
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert "LOCK=requirements.lock" in setup and '--require-hashes --no-deps -r "$LOCK"' in setup
+    assert f"LOCK_PYTHON={LOCK_PYTHON[0]}.{LOCK_PYTHON[1]}" in setup
+    assert 'cat pyproject.toml "$LOCK"' in setup  # a changed lock reinstalls
+    if sys.version_info[:2] != LOCK_PYTHON:
+        pytest.skip(f"this venv is Python {sys.version_info[0]}.{sys.version_info[1]}: setup installs it unlocked")
+    from importlib.metadata import distributions
+
+    installed = {canonical(d.metadata["Name"]): d.version for d in distributions()}
+    drift = {n: (v, installed.get(n)) for n, (v, _) in locked(LOCK).items() if installed.get(n) != v}
+    assert not drift, f"the venv differs from requirements.lock (run make setup): {drift}"
 
 
 def test_pyproject_allows_python_310():
@@ -363,13 +540,50 @@ def test_servers_get_the_security_environment(profile):
     assert router["TOKENROUTER_HEAVY_URL"] == "heavy:8001"
 
 
-def test_image_runs_as_an_unprivileged_user():
+def test_image_runs_as_an_unprivileged_user_that_cannot_write_the_models():
     text = dockerfile()
     serve, export = text.split("FROM serve AS export")
     users = re.findall(r"^USER (\S+)$", serve, re.M)
-    assert users and users[-1] != "root" and "chown" in serve
-    assert re.findall(r"^USER (\S+)$", export, re.M)[-1] == users[-1]  # root only to pip install
+    assert users and users[-1] not in ("root", "0")
+    # the serving user owns nothing of /models (root's, 0755): read-only for it
+    assert "chown" not in serve and "chmod" not in serve and "mkdir -p /models" in serve
+    # the one-shot export writes it as its own user, who owns /models in the export image (a
+    # fresh named volume takes that ownership)
+    exporter = re.findall(r"^USER (\S+)$", export, re.M)[-1]
+    assert exporter not in ("root", "0", users[-1])
+    assert re.search(rf"chown {exporter}:\S+ /models$", export, re.M)
     assert '"/opt/tokenrouter/docker/tritonserver.sh"' in serve
+
+
+def memory_bytes(value) -> int:
+    """compose v1 prints mem_limit as given ("16g"), v2 in bytes."""
+    if isinstance(value, int):
+        return value
+    number, unit = re.fullmatch(r"(\d+)([bkmg]?)", str(value).lower()).groups()
+    return int(number) << {"": 0, "b": 0, "k": 10, "m": 20, "g": 30}[unit]
+
+
+def test_every_service_drops_privileges_and_has_a_memory_limit(profile):
+    name, config = profile
+    for svc, d in in_profile(config, name).items():
+        assert d["cap_drop"] == ["ALL"], svc
+        assert "no-new-privileges:true" in d["security_opt"], svc
+        assert memory_bytes(d["mem_limit"]) >= 4 << 30, svc
+    limits = {"TRITON_MEM_LIMIT": "3g", "HEAVY_MEM_LIMIT": "5g", "ROUTER_MEM_LIMIT": "6g", "EXPORT_MEM_LIMIT": "7g"}
+    services = compose_config(name, limits)["services"]
+    expected = {"triton": 3, "triton-cpu": 3, "heavy": 5, "router": 6, "export": 7, "export-cpu": 7}
+    for svc in in_profile(config, name):
+        assert memory_bytes(services[svc]["mem_limit"]) == expected[svc] << 30, svc
+
+
+def test_servers_mount_the_models_read_only(profile):
+    name, config = profile
+    for svc, d in in_profile(config, name).items():
+        models = [v for v in d["volumes"] if (v["target"] if isinstance(v, dict) else v.split(":")[1]) == "/models"]
+        assert len(models) == 1, svc
+        volume = models[0]
+        read_only = volume.get("read_only", False) if isinstance(volume, dict) else volume.endswith(":ro")
+        assert read_only == (svc in SERVERS), f"{svc}: {volume}"  # only the one-shot export writes
 
 
 def run_wrapper(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -425,6 +639,30 @@ def test_server_wrapper_limits_http_input_size_as_serve_does(tmp_path):
     older = run_wrapper(tmp_path, {"TOKENROUTER_ADMIN_KEY": "a" * 20})
     assert older.returncode == 0 and "--http-max-input-size" not in older.stdout
     assert "has no --http-max-input-size" in older.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--model-control-mode", "explicit"],  # tritonserver (getopt_long) takes the two-argument form
+    ["--model-control-mode", "poll"],
+    ["--model-control-mode=EXPLICIT"],  # and the mode in any case
+    ["--model-cont=explicit"],  # and an unambiguous prefix of the option's name
+    ["--model-control-mode=none", "--model-control-mode", "explicit"],  # the last one wins
+])
+def test_server_wrapper_refuses_every_spelling_of_load_enabling_model_control(tmp_path, args):
+    refused = run_wrapper(tmp_path, {"TOKENROUTER_RESTRICTED_APIS": "logging,trace"}, *args)
+    assert refused.returncode == 2 and "needs model-repository" in refused.stderr, refused.stderr
+    opened = run_wrapper(tmp_path, {"TOKENROUTER_RESTRICTED_APIS": "none"}, *args)
+    assert opened.returncode == 2, opened.stdout
+    allowed = run_wrapper(tmp_path, {"TOKENROUTER_RESTRICTED_APIS": None, "TOKENROUTER_ADMIN_KEY": "a" * 20}, *args)
+    assert allowed.returncode == 0 and allowed.stdout.split()[-len(args):] == args, allowed.stderr
+
+
+def test_server_wrapper_lets_other_model_control_spellings_through(tmp_path):
+    env = {"TOKENROUTER_RESTRICTED_APIS": "logging"}
+    for args in (["--model-control-mode", "none"], ["--model-control-mode=explicit", "--model-control-mode=none"],
+                 ["--model-repository", "/m"], ["--model-config-name", "explicit"]):
+        res = run_wrapper(tmp_path, env, *args)
+        assert res.returncode == 0 and res.stdout.split()[-len(args):] == args, (args, res.stderr)
 
 
 def test_server_wrapper_refuses_open_explicit_mode_and_bad_keys(tmp_path):

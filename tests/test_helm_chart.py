@@ -49,7 +49,8 @@ def test_default_render_has_both_pools_and_the_heavy_hpa():
     docs = render()
     assert set(docs) == {("Deployment", "tr-tokenrouter-router"), ("Deployment", "tr-tokenrouter-heavy"),
                          ("Service", "tr-tokenrouter-router"), ("Service", "tr-tokenrouter-heavy"),
-                         ("HorizontalPodAutoscaler", "tr-tokenrouter-heavy")}
+                         ("HorizontalPodAutoscaler", "tr-tokenrouter-heavy"),
+                         ("NetworkPolicy", "tr-tokenrouter-router"), ("NetworkPolicy", "tr-tokenrouter-heavy")}
     load = lambda c: [a.split("=", 1)[1] for a in c["args"] if a.startswith("--load-model=")]  # noqa: E731
     assert load(container(docs, "heavy", "triton")) == ["heavy"]
     assert load(container(docs, "router", "triton")) == ["preprocessing", "router", "light", "postprocessing",
@@ -154,3 +155,100 @@ def test_statefulset_pool_gives_every_heavy_pod_an_address_the_router_lists():
 def test_bad_heavy_pool_values_fail_naming_the_value(heavy, named):
     with pytest.raises(helm.HelmError, match=named.replace(".", r"\.")):
         render({"heavy": heavy})
+
+
+# ---- hardening ----------------------------------------------------------------------------
+WRITABLE = {"/dev/shm", "/tmp", "/home/tokenrouter"}  # everything else: read-only root filesystem, read-only models
+
+
+def pod_specs(docs) -> list[dict]:
+    return [d["spec"]["template"]["spec"] for (kind, _), d in docs.items() if kind in ("Deployment", "StatefulSet")]
+
+
+HARDENING_CASES = [
+    None,
+    {"modelRepository": {"source": "init", "init": {"image": "models:1"}}},
+    {"heavy": {"pool": "statefulset", "autoscaling": {"enabled": False}}},
+]
+
+
+@pytest.mark.parametrize("values", HARDENING_CASES)
+def test_pods_run_non_root_without_token_privileges_or_writable_root(values):
+    docs = render(values)
+    specs = pod_specs(docs)
+    assert len(specs) == 2
+    for spec in specs:
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["shareProcessNamespace"] is False  # no sidecar reads tritonserver's command line
+        pod_ctx = spec["securityContext"]
+        assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] == 10001
+        assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in spec["containers"] + spec.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, container["name"]
+            assert ctx["readOnlyRootFilesystem"] is True, container["name"]
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, container["name"]
+            assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}, container["name"]
+        for container in spec["containers"]:
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            writable = {path for path, m in mounts.items() if not m.get("readOnly")}
+            assert writable == WRITABLE, container["name"]
+            assert mounts["/models"]["readOnly"] is True, container["name"]
+            for path in WRITABLE:  # each writable place is an emptyDir with a size limit
+                volume = volumes[mounts[path]["name"]]
+                assert volume["emptyDir"]["sizeLimit"], path
+        assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+
+
+def test_writable_home_is_where_the_wrapper_writes_the_admin_key():
+    """docker/tritonserver.sh writes ~/tokenrouter-admin.key; ~ is the image user's home."""
+    wrapper = (CHART.parents[2] / "docker" / "tritonserver.sh").read_text()
+    assert "${HOME:-.}/tokenrouter-admin.key" in wrapper
+    dockerfile = (CHART.parents[2] / "Dockerfile").read_text()
+    assert "useradd --create-home --uid 10001 --user-group tokenrouter" in dockerfile  # home: /home/tokenrouter
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["podSecurityContext"]["runAsUser"] == 10001
+
+
+def ingress_rules(docs, pool: str) -> list[dict]:
+    policy = docs[("NetworkPolicy", f"tr-tokenrouter-{pool}")]["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == pool
+    for rule in policy["ingress"]:
+        assert rule.get("from"), f"{pool}: a rule without peers admits everybody"
+    return policy["ingress"]
+
+
+def ports_of(rule: dict) -> set[str]:
+    return {p["port"] for p in rule["ports"]}
+
+
+def test_network_policies_admit_clients_to_the_serving_ports_and_scrapers_to_metrics():
+    docs = render()
+    router = ingress_rules(docs, "router")
+    assert [ports_of(r) for r in router] == [{"http", "grpc", "openai"}, {"metrics"}]
+    assert router[0]["from"] == [{"podSelector": {"matchLabels": {"tokenrouter-client": "true"}}}]
+    assert router[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    heavy = ingress_rules(docs, "heavy")
+    assert [ports_of(r) for r in heavy] == [{"grpc"}, {"metrics"}]
+    assert heavy[0]["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "tokenrouter", "app.kubernetes.io/instance": "tr",
+        "app.kubernetes.io/component": "router"}}}]
+    # every named port exists on the pods the policy selects
+    for pool, rules in (("router", router), ("heavy", heavy)):
+        names = {p["name"] for c in pod(docs, pool)["spec"]["containers"] for p in c.get("ports", [])}
+        assert set().union(*(ports_of(r) for r in rules)) <= names, pool
+
+
+def test_network_policy_values():
+    clients = [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]
+    docs = render({"networkPolicy": {"clients": clients, "metrics": []}, "router": {"openai": {"enabled": False}}})
+    router = ingress_rules(docs, "router")
+    assert [ports_of(r) for r in router] == [{"http", "grpc"}] and router[0]["from"] == clients
+    assert [ports_of(r) for r in ingress_rules(docs, "heavy")] == [{"grpc"}]
+    # an empty list admits nobody: the policy has no rule for those ports (never an open one)
+    closed = render({"networkPolicy": {"clients": [], "metrics": []}})
+    assert closed[("NetworkPolicy", "tr-tokenrouter-router")]["spec"]["ingress"] == []
+    off = render({"networkPolicy": {"enabled": False}})
+    assert not any(kind == "NetworkPolicy" for kind, _ in off)

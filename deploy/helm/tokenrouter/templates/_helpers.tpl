@@ -42,6 +42,26 @@ prometheus.io/path: /metrics
   emptyDir:
     medium: Memory
     sizeLimit: {{ .Values.shmSizeLimit }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.writable.tmpSizeLimit }}
+- name: home
+  emptyDir:
+    sizeLimit: {{ .Values.writable.homeSizeLimit }}
+{{- end -}}
+
+{{/* Pod-level hardening: non-root, seccomp, no service-account token, no shared PID
+namespace (a sidecar never sees tritonserver's command line, which holds the admin key) */}}
+{{- define "tokenrouter.podSecurity" -}}
+automountServiceAccountToken: false
+shareProcessNamespace: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{- define "tokenrouter.containerSecurity" -}}
+securityContext:
+  {{- toYaml .Values.containerSecurityContext | nindent 2 }}
 {{- end -}}
 
 {{- define "tokenrouter.initContainers" -}}
@@ -50,6 +70,7 @@ initContainers:
   - name: model-repository
     image: {{ required "modelRepository.init.image is required when modelRepository.source is init" .Values.modelRepository.init.image }}
     command: ["sh", "-c", "cp -a {{ .Values.modelRepository.init.path }}/. /models/"]
+    {{- include "tokenrouter.containerSecurity" . | nindent 4 }}
     volumeMounts:
       - {name: models, mountPath: /models}
 {{- end }}
@@ -58,12 +79,16 @@ initContainers:
 {{- define "tokenrouter.repositoryMount" -}}
 - name: models
   mountPath: {{ .Values.modelRepository.mountPath }}
-  readOnly: {{ eq .Values.modelRepository.source "pvc" }}
+  readOnly: true
 {{- with .Values.modelRepository.pvc.subPath }}
   subPath: {{ . }}
 {{- end }}
 - name: dshm
   mountPath: /dev/shm
+- name: tmp
+  mountPath: /tmp
+- name: home
+  mountPath: /home/tokenrouter
 {{- end -}}
 
 {{/* The tritonserver container of one pool: .root, .pool, .spec (router or heavy values) */}}
@@ -71,6 +96,7 @@ initContainers:
 - name: triton
   image: "{{ .root.Values.image.repository }}:{{ .root.Values.image.tag }}"
   imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  {{- include "tokenrouter.containerSecurity" .root | nindent 2 }}
   # NGC's entrypoint (CUDA forward compatibility), then docker/tritonserver.sh: the admin-API
   # restriction, --exit-on-error, --strict-readiness and the stub watchdog, which ends the
   # container (exit 3) when a model's Python stub dies: the kubelet restarts it
