@@ -30,8 +30,8 @@ from tokenrouter_backend.serving.tensors import (
 )
 
 TOKENIZER_DIR = "tokenizer"
-# the longest window the router sends: max_tokens_limit (router, 4096) + the streamed windows'
-# left context (CONTEXT_TOKENS); raise it with the router's max_tokens_limit
+# a config without max_window_tokens (exported before it existed): the longest window the
+# default router sends, max_tokens_limit (4096) + the streamed windows' left context
 DEFAULT_MAX_WINDOW_TOKENS = 4096 + CONTEXT_TOKENS
 DEFAULT_MAX_ROUTING_STATS_BYTES = input_limits.MIB
 INT32_MAX = (1 << 31) - 1
@@ -136,7 +136,7 @@ class PostprocessingModel:
         if size is None or size > self.max_stats_bytes:
             raise InvalidRequest(f"ROUTING_STATS_IN is {size} bytes; at most max_routing_stats_bytes = "
                                  f"{self.max_stats_bytes} allowed")
-        stats = bytes(stats) if isinstance(stats, (bytes, np.bytes_)) else str(stats).encode()
+        stats = (bytes(stats) if isinstance(stats, (bytes, np.bytes_)) else str(stats).encode()) or b"{}"
         window = window.reshape(-1)
         prefix = input_limits.check_range("PREFIX_LEN", int(input_scalar(pb, request, "PREFIX_LEN") or 0),
                                           0, window.size)
