@@ -91,6 +91,13 @@ class FakeRequest(dict):
         return self._parameters
 
 
+class UnreadableRequest(FakeRequest):
+    """A request whose input tensors must not be read (a keyless call is refused before)."""
+
+    def __contains__(self, name):
+        raise AssertionError(f"input {name} read before the branch key was checked")
+
+
 def request(op, key=TEST_KEY):
     return FakeRequest(op_to_arrays(op), {} if key is None else {KEY_PARAMETER: key})
 
@@ -152,7 +159,9 @@ def test_execute_refuses_requests_without_the_branch_key(glue, tiny_qwen_dir, tm
     model.initialize({"model_name": "light", "model_config": model_config("onnx"),
                       "model_repository": str(tmp_path / "light"), "model_version": "1"})
     op = BranchOp(1, 0, (3, 4, 5), draft_len=2)
-    out = model.execute([request(op, key=None), request(op, key="x" * 24), request(op)])
+    keyless = UnreadableRequest(op_to_arrays(op), {})
+    wrong = UnreadableRequest(op_to_arrays(op), {KEY_PARAMETER: "x" * 24})
+    out = model.execute([keyless, wrong, request(op)])
     assert "light: refused" in out[0].error.message()
     assert f"'{KEY_PARAMETER}' is missing" in out[0].error.message()
     assert "does not match" in out[1].error.message() and TEST_KEY not in out[1].error.message()

@@ -64,6 +64,8 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
     (chat, {"tools": [{"type": "function"}]}, "tools"),
     (chat, {"logprobs": True}, "logprobs"),
     (chat, {"response_format": {"type": "json_object"}}, "response_format"),
+    (chat, {"temperature": 1e-38}, "temperature"),  # 0 < T < MIN_TEMPERATURE: NaN probabilities
+    (completion, {"temperature": 0.009}, "temperature"),
 ])
 def test_unsupported_fields_are_refused_by_name(build, fields, param):
     with pytest.raises(OpenAIError) as info:

@@ -93,6 +93,9 @@ def test_the_core_request_and_the_admission_view_come_from_that_value():
     (RouterInputs(prompt=(1,), params={"max_tokens": 0}), "max_tokens must be in [1, 4096]; got 0"),
     (RouterInputs(prompt=(1,), params={"router_mode": "fast"}),
      "router_mode must be one of heavy, light, verify, route; got 'fast'"),
+    (RouterInputs(prompt=(1,), params={"temperature": 1e-38}),
+     "temperature must be 0 (greedy) or in [0.01, 100.0]; got 1e-38"),
+    (RouterInputs(prompt=(1,), params={"temperature": 101.0}), "temperature must be in [0.0, 100.0]; got 101.0"),
 ])
 def test_request_errors_name_the_field(inputs, message):
     defaults = RouterDefaults(max_tokens=8, max_input_tokens=16, max_context=32, light_kv_window=0)
@@ -165,3 +168,32 @@ def test_a_bls_error_comes_back_as_the_branch_error(message, error):
     fake = FakeBls(({}, message))
     with pytest.raises(error):
         asyncio.run(BlsBranch("heavy", "heavy", bls_exec(fake.pb)).step(BranchOp(1, 0, (1,))))
+
+
+class Untouchable(np.ndarray):
+    """An input whose elements must not be read (only its size)."""
+
+    def tolist(self):
+        raise AssertionError("an element was read before the size check")
+
+    def __iter__(self):
+        raise AssertionError("an element was read before the size check")
+
+
+def untouchable(n, dtype=np.int32):
+    return np.zeros((1, n), dtype=dtype).view(Untouchable)
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"INPUT_ID": untouchable(17)}, "text_input is 17 tokens; max_input_tokens allows at most 16"),
+    ({"INPUT_ID": untouchable(2), "STOP_IDS": untouchable(1025)}, "STOP_IDS has 1025 entries; at most 1024 allowed"),
+    ({"INPUT_ID": untouchable(2), "stop_words": untouchable(17, np.object_)},
+     "stop_words has 17 entries; at most 16 allowed"),
+    ({"INPUT_ID": untouchable(2), "temperature": np.zeros((1, 2), np.float32)},
+     "temperature must hold one value; got 2"),
+    ({"INPUT_ID": untouchable(2), "END_ID": np.zeros((1, 3), np.int32)}, "END_ID must hold one value; got 3"),
+])
+def test_every_input_is_sized_before_its_elements_are_read(arrays, message):
+    with pytest.raises(InvalidRequest) as caught:
+        read_router_request(fake_pb_module("pb_utils"), FakeRequest(arrays), max_input_tokens=16)
+    assert str(caught.value) == message

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenrouter_backend.core.protocol.cache_salt import CACHE_SALT, parse_cache_salt
-from tokenrouter_backend.core.protocol.params import InvalidRequest
+from tokenrouter_backend.core.protocol.params import MIN_TEMPERATURE, InvalidRequest
 
 from .errors import OpenAIError
 
@@ -81,6 +81,9 @@ class GenerationBody(RouterKnobs):
             raise OpenAIError(f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0])
         if self.n is not None and self.n != 1:
             raise OpenAIError(f"n must be 1 (one choice per request); got {self.n}", param="n")
+        if self.temperature is not None and 0.0 < self.temperature < MIN_TEMPERATURE:  # NaN probabilities below
+            raise OpenAIError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, 2]; got {self.temperature}",
+                              param="temperature")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise OpenAIError(f"{name} is not supported (only 0); got {getattr(self, name)}", param=name)

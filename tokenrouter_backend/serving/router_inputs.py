@@ -16,7 +16,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tokenrouter_backend.serving.tensors import input_array, input_scalar
+from tokenrouter_backend.core.protocol.input_limits import MAX_STOP_IDS, check_count
+from tokenrouter_backend.core.protocol.params import InvalidRequest
+from tokenrouter_backend.core.text.stop_text import MAX_STOP_WORDS
+from tokenrouter_backend.serving.tensors import check_scalar, input_array, input_scalar
 
 PROMPT_INPUT = "INPUT_ID"  # INT32 [-1]: the prompt's token ids (preprocessing)
 STOP_IDS_INPUT = "STOP_IDS"  # INT32 [-1]: stop sequences, -1 separated (preprocessing: document ends)
@@ -81,19 +84,34 @@ def _values(array: np.ndarray | None) -> list:
     return [] if array is None else array.reshape(-1).tolist()
 
 
-def read_router_request(pb_utils, request) -> RouterInputs:
+def read_router_request(pb_utils, request, max_input_tokens: int | None = None) -> RouterInputs:
     """Every input of one Triton request to the router, read once (scalars unwrapped by
-    ``tensors.input_scalar``: bytes decoded, numpy scalars as Python values)."""
+    ``tensors.input_scalar``: bytes decoded, numpy scalars as Python values).
+
+    Every input's size is checked before any of its elements is read: the prompt against
+    ``max_input_tokens``, ``STOP_IDS`` and ``stop_words`` against their counts, a scalar
+    input holds one value; raises ``InvalidRequest`` naming the input.
+    """
     prompt = input_array(pb_utils, request, PROMPT_INPUT)
+    stop_ids = input_array(pb_utils, request, STOP_IDS_INPUT)
+    stop_words = input_array(pb_utils, request, STOP_WORDS_INPUT)
+    cache_salt = input_array(pb_utils, request, CACHE_SALT_INPUT)
+    if prompt is not None and max_input_tokens is not None and prompt.size > max_input_tokens:
+        raise InvalidRequest(f"text_input is {prompt.size} tokens; max_input_tokens allows at most {max_input_tokens}")
+    check_count(STOP_IDS_INPUT, 0 if stop_ids is None else stop_ids.size, MAX_STOP_IDS)
+    check_count(STOP_WORDS_INPUT, 0 if stop_words is None else stop_words.size, MAX_STOP_WORDS)
+    check_count(CACHE_SALT_INPUT, 0 if cache_salt is None else cache_salt.size, 1)
+    for tensor in (*PARAM_INPUTS.values(), *SCALAR_INPUTS.values()):
+        check_scalar(input_array(pb_utils, request, tensor), tensor)
     params = {name: input_scalar(pb_utils, request, tensor) for name, tensor in PARAM_INPUTS.items()}
     scalars = {name: input_scalar(pb_utils, request, tensor) for name, tensor in SCALAR_INPUTS.items()}
     request_id = request.request_id() if hasattr(request, "request_id") else ""
     return RouterInputs(
         request_id=str(request_id or ""),
-        prompt=() if prompt is None else tuple(int(t) for t in prompt.reshape(-1)),
+        prompt=() if prompt is None else tuple(prompt.reshape(-1).tolist()),
         params=MappingProxyType({name: value for name, value in params.items() if value is not None}),
-        stop_ids=tuple(_values(input_array(pb_utils, request, STOP_IDS_INPUT))),
-        stop_words=tuple(_values(input_array(pb_utils, request, STOP_WORDS_INPUT))),
-        cache_salt=tuple(_values(input_array(pb_utils, request, CACHE_SALT_INPUT))),
+        stop_ids=tuple(_values(stop_ids)),
+        stop_words=tuple(_values(stop_words)),
+        cache_salt=tuple(_values(cache_salt)),
         **scalars,
     )

@@ -44,7 +44,7 @@ from tokenrouter_backend.operations.route_setup import build_route_gate, vocabul
 from tokenrouter_backend.serving.backend import bls_exec, metric_family
 from tokenrouter_backend.serving.request import parse_request, request_info
 from tokenrouter_backend.serving.router_inputs import RouterInputs, read_router_request
-from tokenrouter_backend.serving.tensors import config_parameters, error_response
+from tokenrouter_backend.serving.tensors import bound_bytes_inputs, config_parameters, error_response
 from tokenrouter_backend.serving.text_models import find_tokenizer
 
 OUTPUT_IDS = "OUTPUT_IDS"
@@ -115,6 +115,7 @@ class RouterModel:
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
+        bound_bytes_inputs(pb_utils)  # stop_words & co.: never more than MAX_BYTES_ELEMENTS deserialized
         self.defaults = RouterDefaults.from_config(config_parameters(args))
         self.ops = Operations(config_parameters(args), self.defaults, metric_family(pb_utils),
                               warn=pb_utils.Logger.log_warn)
@@ -181,7 +182,7 @@ class RouterModel:
         mode, arm, reason = self.defaults.mode, "", "error"  # labels if it fails before admission
         held = 0  # KV tokens this request holds in the admission gate
         try:
-            inputs = read_router_request(pb, request)  # the only read of this request's tensors
+            inputs = read_router_request(pb, request, self.defaults.max_input_tokens)  # its only read, sizes first
             gen_request = parse_request(inputs, self.defaults, decode=self.decode)
             info = request_info(inputs)
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these

@@ -1,6 +1,8 @@
 """Tensor helpers shared by the Triton glue: config parameters and optional scalar inputs.
 
 The only place that unwraps ``[0][0]`` from Triton tensors; pb_utils is passed in.
+``bound_bytes_inputs`` installs the bounded BYTES deserializer
+(``core/protocol/input_limits.bounded_bytes_deserializer``) in a model's stub.
 """
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import json
 from typing import Any
 
 import numpy as np
+
+from tokenrouter_backend.core.protocol.input_limits import bounded_bytes_deserializer
+from tokenrouter_backend.core.protocol.params import InvalidRequest
 
 
 def config_parameters(args: dict) -> dict[str, str]:
@@ -26,12 +31,31 @@ def input_array(pb_utils, request, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
+def bound_bytes_inputs(pb_utils) -> None:
+    """Make this stub deserialize BYTES inputs through the bounded deserializer.
+
+    The Python backend's stub turns every BYTES input into a numpy object array element by
+    element (``triton_python_backend_utils.deserialize_bytes_tensor``, looked up at each
+    request) before ``execute`` sees the request, so a count check in the model alone comes
+    after the per-element work: 10^6 ``stop_words`` cost seconds. The bounded one stops
+    after ``MAX_BYTES_ELEMENTS`` and never copies an element over ``MAX_BYTES_ELEMENT`` bytes.
+    """
+    if hasattr(pb_utils, "deserialize_bytes_tensor"):
+        pb_utils.deserialize_bytes_tensor = bounded_bytes_deserializer()
+
+
+def check_scalar(array: np.ndarray | None, name: str) -> None:
+    """An optional scalar input holds at most one value (else refused by name)."""
+    if array is not None and array.size > 1:
+        raise InvalidRequest(f"{name} must hold one value; got {array.size}")
+
+
 def input_scalar(pb_utils, request, name: str) -> Any:
     """An optional scalar input as a python value (bytes decoded), None when absent."""
     arr = input_array(pb_utils, request, name)
     if arr is None or arr.size == 0:
         return None
-    value = arr.reshape(-1)[0]
+    value = arr.flat[0]
     if isinstance(value, (bytes, np.bytes_)):
         return bytes(value).decode("utf-8", errors="replace")
     if isinstance(value, np.generic):

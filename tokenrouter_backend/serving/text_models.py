@@ -5,6 +5,11 @@ stateless per execution: postprocessing gets everything it needs from the router
 response (token window, prefix length, final flag, stats, and on the final response the
 characters a stop string began in, which it drops). Stop strings go to the router as
 text; preprocessing only adds the exporter's document-end tokens (``STOP_IDS``).
+
+Both are public (Triton serves every model of the repository, and an ensemble cannot add a
+secret to its steps' requests), so each checks every input's size by name before any
+per-token work, and answers any other failure as a named error (docs/security.md,
+"Public models").
 """
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ import numpy as np
 from tokenrouter_backend.core.protocol import input_limits
 from tokenrouter_backend.core.protocol.params import InvalidRequest, config_value, parse_config_value
 from tokenrouter_backend.core.text.chat_content import encode_prompt, parse_spans
-from tokenrouter_backend.core.text.detokenize import Detokenizer
+from tokenrouter_backend.core.text.detokenize import CONTEXT_TOKENS, Detokenizer
 from tokenrouter_backend.serving.tensors import (
+    bound_bytes_inputs,
+    check_scalar,
     config_parameters,
     error_response,
     input_array,
@@ -24,6 +31,11 @@ from tokenrouter_backend.serving.tensors import (
 )
 
 TOKENIZER_DIR = "tokenizer"
+# a config without max_window_tokens (exported before it existed): the longest window the
+# default router sends, max_tokens_limit (4096) + the streamed windows' left context
+DEFAULT_MAX_WINDOW_TOKENS = 4096 + CONTEXT_TOKENS
+DEFAULT_MAX_ROUTING_STATS_BYTES = input_limits.MIB
+INT32_MAX = (1 << 31) - 1
 
 
 def _tokenizer_file(args: dict, parameters: dict[str, str]) -> Path:
@@ -47,6 +59,7 @@ class PreprocessingModel:
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
+        bound_bytes_inputs(pb_utils)
         params = config_parameters(args)
         self.tokenizer = load_tokenizer(args, params)
         self.default_end_id = config_value(params, "end_id", int, -1)  # filled by the exporter
@@ -73,15 +86,15 @@ class PreprocessingModel:
                              self.special_ids, Encoding.merge)
 
     def execute(self, requests):
-        return [self._one(r) for r in requests]
+        return [_answer(self.pb, "preprocessing", self._one, r) for r in requests]
 
     def _one(self, request):
         pb = self.pb
         values = input_array(pb, request, "text_input")
-        try:
-            text = input_limits.text_input([] if values is None else values.reshape(-1), self.max_input_bytes)
-        except InvalidRequest as exc:  # before any decoding or tokenizing
-            return error_response(pb, str(exc))
+        for name in ("end_id", "exclude_input_in_output"):
+            check_scalar(input_array(pb, request, name), name)
+        # before any decoding or tokenizing
+        text = input_limits.text_input([] if values is None else values, self.max_input_bytes)
         if not text.strip():
             return error_response(pb, "text_input must be a non-empty string")
         try:
@@ -103,24 +116,65 @@ class PreprocessingModel:
 
 
 class PostprocessingModel:
-    """OUTPUT_IDS window, PREFIX_LEN, IS_FINAL, ROUTING_STATS, STOP_TRIM -> text_output, routing_stats."""
+    """OUTPUT_IDS window, PREFIX_LEN, IS_FINAL, ROUTING_STATS, STOP_TRIM -> text_output, routing_stats.
+
+    Caps, checked in this order before any token is decoded: TOKENS holds at most
+    ``max_window_tokens`` ids; every scalar input one value; ROUTING_STATS_IN at most
+    ``max_routing_stats_bytes``; PREFIX_LEN in [0, len(TOKENS)]; STOP_TRIM >= 0; every id in
+    [0, vocab_size).
+    """
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
-        self.detok = Detokenizer(load_tokenizer(args, config_parameters(args)))
+        bound_bytes_inputs(pb_utils)
+        params = config_parameters(args)
+        tokenizer = load_tokenizer(args, params)
+        self.detok = Detokenizer(tokenizer)
+        self.max_window = config_value(params, "max_window_tokens", int, DEFAULT_MAX_WINDOW_TOKENS)
+        self.max_stats_bytes = config_value(params, "max_routing_stats_bytes", int, DEFAULT_MAX_ROUTING_STATS_BYTES)
+        # the model's vocabulary (exporter-filled); else the tokenizer's
+        self.vocab_size = config_value(params, "vocab_size", int, tokenizer.get_vocab_size(with_added_tokens=True))
+        for name, value in (("max_window_tokens", self.max_window), ("max_routing_stats_bytes", self.max_stats_bytes),
+                            ("vocab_size", self.vocab_size)):
+            if not 1 <= value <= INT32_MAX:
+                raise InvalidRequest(f"postprocessing config parameter {name} must be in [1, {INT32_MAX}]; got {value}")
 
     def execute(self, requests):
-        return [self._one(r) for r in requests]
+        return [_answer(self.pb, "postprocessing", self._one, r) for r in requests]
 
     def _one(self, request):
         pb = self.pb
-        window = input_array(pb, request, "TOKENS").reshape(-1)
-        prefix = int(input_scalar(pb, request, "PREFIX_LEN") or 0)
+        window = input_array(pb, request, "TOKENS")
+        window = np.zeros(0, dtype=np.int32) if window is None else window
+        input_limits.check_count("TOKENS", window.size, self.max_window)  # before any per-token work
+        for name in ("PREFIX_LEN", "IS_FINAL", "ROUTING_STATS_IN", "STOP_TRIM"):
+            check_scalar(input_array(pb, request, name), name)
+        stats = input_array(pb, request, "ROUTING_STATS_IN")
+        stats = b"{}" if stats is None or stats.size == 0 else stats.flat[0]
+        size = stats.nbytes if isinstance(stats, input_limits.OversizedElement) else len(stats)
+        if size is None or size > self.max_stats_bytes:
+            raise InvalidRequest(f"ROUTING_STATS_IN is {size} bytes; at most max_routing_stats_bytes = "
+                                 f"{self.max_stats_bytes} allowed")
+        stats = (bytes(stats) if isinstance(stats, (bytes, np.bytes_)) else str(stats).encode()) or b"{}"
+        window = window.reshape(-1)
+        prefix = input_limits.check_range("PREFIX_LEN", int(input_scalar(pb, request, "PREFIX_LEN") or 0),
+                                          0, window.size)
         final = bool(input_scalar(pb, request, "IS_FINAL"))
-        stats = input_scalar(pb, request, "ROUTING_STATS_IN") or "{}"
-        trim = int(input_scalar(pb, request, "STOP_TRIM") or 0) if final else 0
-        text = self.detok.delta(window.tolist(), prefix, final, trim)
+        trim = input_limits.check_range("STOP_TRIM", int(input_scalar(pb, request, "STOP_TRIM") or 0), 0, INT32_MAX)
+        input_limits.check_ids("TOKENS", window, self.vocab_size)
+        text = self.detok.delta(window.tolist(), prefix, final, trim if final else 0)
         return pb.InferenceResponse(output_tensors=[
             pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_)),
-            pb.Tensor("routing_stats", np.array([[stats.encode()]], dtype=np.object_)),
+            pb.Tensor("routing_stats", np.array([[stats]], dtype=np.object_)),
         ])
+
+
+def _answer(pb, model: str, one, request):
+    """One request's response: its result, its InvalidRequest, or any other failure by name
+    (never a Python exception out of execute)."""
+    try:
+        return one(request)
+    except InvalidRequest as exc:
+        return error_response(pb, str(exc))
+    except Exception as exc:  # noqa: BLE001 - one request fails, the model keeps serving
+        return error_response(pb, f"{model}: internal error: {type(exc).__name__}: {exc}")

@@ -25,6 +25,8 @@ from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT, MODES, SCHEDUL
 TRUTHY = {"1", "true", "yes", "on"}
 FALSY = {"0", "false", "no", "off"}
 _ABSENT = object()  # config_value default meaning "keep the dataclass default"
+MIN_TEMPERATURE = 0.01  # smallest sampling temperature (0 = greedy); smaller ones overflow logits / T
+MAX_TEMPERATURE = 100.0
 
 
 class InvalidRequest(ValueError):
@@ -145,7 +147,7 @@ class RouterParams:
             draft_confidence_threshold=_float_in(
                 "draft_confidence_threshold", pick("draft_confidence_threshold", d.draft_confidence_threshold), 0.0, 1.0
             ),
-            temperature=_float_in("temperature", pick("temperature", 0.0), 0.0, 100.0),
+            temperature=_temperature(pick("temperature", 0.0)),
             top_k=_int_in("top_k", pick("top_k", 0), 0, 1 << 30),
             top_p=_float_in("top_p", pick("top_p", 1.0), 1e-6, 1.0),
             random_seed=_int_in("random_seed", pick("random_seed", 0), 0, (1 << 64) - 1),
@@ -217,6 +219,16 @@ def _float_in(name: str, value: Any, low: float, high: float) -> float:
     value = float(value)
     if not low <= value <= high:
         raise InvalidRequest(f"{name} must be in [{low}, {high}]; got {value}")
+    return value
+
+
+def _temperature(value: Any) -> float:
+    """0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]: below the minimum, logits / T
+    overflow float32 and the probabilities become NaN."""
+    value = _float_in("temperature", value, 0.0, MAX_TEMPERATURE)
+    if 0.0 < value < MIN_TEMPERATURE:
+        raise InvalidRequest(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]; "
+                             f"got {value}")
     return value
 
 

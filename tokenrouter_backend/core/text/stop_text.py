@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from tokenrouter_backend.core.protocol.input_limits import OversizedElement
 from tokenrouter_backend.core.protocol.params import InvalidRequest
 from tokenrouter_backend.core.text.detokenize import CONTEXT_TOKENS
 from tokenrouter_backend.core.text.stopping import Stop, StopCriteria, find_stop
@@ -42,6 +43,9 @@ def parse_stop_words(values) -> tuple[str, ...]:
         raise InvalidRequest(f"stop_words has {len(values)} entries; at most {MAX_STOP_WORDS} allowed")
     words = []
     for i, v in enumerate(values):
+        if isinstance(v, OversizedElement):  # over MAX_BYTES_ELEMENT bytes: never copied
+            raise InvalidRequest(f"stop_words[{i}] is {v.nbytes} bytes; at most {MAX_STOP_WORD_CHARS} "
+                                 "characters allowed")
         if isinstance(v, bytes) and len(v) > MAX_STOP_WORD_CHARS * UTF8_MAX_BYTES:
             raise InvalidRequest(f"stop_words[{i}] is {len(v)} bytes; at most {MAX_STOP_WORD_CHARS} "
                                  "characters allowed")
