@@ -6,7 +6,7 @@ Tensors follow ``branch_protocol`` exactly, so the remote model is the same ``he
 that BLS would call.
 
 Failure handling:
-- every call has a deadline (``timeout_s``); a call past it fails with ``BranchError``;
+- every call has a deadline (``timeout_s``); a call past it fails with ``BranchTimeout``;
 - a server that cannot be reached (gRPC UNAVAILABLE) is retried ``connect_retries`` times
   with exponential backoff, each retry on a fresh channel (the old one is closed when the
   last call using it ends, never under concurrent calls), then fails with a ``BranchError``
@@ -30,6 +30,7 @@ from tokenrouter_backend.core.protocol.branch_protocol import (
     BranchError,
     BranchOp,
     BranchResult,
+    BranchTimeout,
     SessionMissing,
     is_session_missing,
     op_to_arrays,
@@ -205,7 +206,7 @@ class RemoteBranch(Branch):
         if is_session_missing(msg):
             return SessionMissing(f"{self.where}: {msg}")
         if any(code in _status(exc) for code in _TIMED_OUT):
-            return BranchError(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
+            return BranchTimeout(f"{self.where}: no answer within {self.timeout_s:g} s ({msg})")
         return BranchError(f"{self.where}: {msg}")
 
 

@@ -117,6 +117,11 @@ class KVBudgetFull(BranchError):
     """A new session does not fit the branch's KV budget now; the caller may retry later."""
 
 
+class BranchTimeout(BranchError):
+    """A step got no answer within its deadline (a stopped or stuck branch); its session is
+    released once the branch answers again (``branches/deadline.py``)."""
+
+
 # A branch error crosses Triton as a message only; the kinds a caller acts on are told
 # apart by a tag the branch model appends (``encode_error``) and callers look for.
 SESSION_MISSING_TAG = "SessionMissing"
