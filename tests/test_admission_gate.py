@@ -1,10 +1,12 @@
 """Admission gate: live-request and KV-token bounds, FIFO queue, named refusals."""
 import asyncio
+import time
 
 import pytest
 
+from tokenrouter_backend.core.loop.block_loop import RequestCancelled
 from tokenrouter_backend.core.protocol.params import InvalidRequest
-from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
+from tokenrouter_backend.operations.admission_gate import CANCEL_POLL_S, AdmissionGate, GateConfig, ServerBusy
 
 
 def test_requests_beyond_the_bound_wait_in_order_then_run():
@@ -81,6 +83,52 @@ def test_a_cancelled_waiter_leaves_the_queue():
         assert not gate.queue
         gate.leave(1)
         assert gate.live == 0
+
+    asyncio.run(go())
+
+
+def test_a_request_whose_client_cancels_leaves_the_queue_at_once():
+    """The client's cancellation (``is_cancelled``), not only the task's, ends the wait: its
+    place in the queue goes to the request behind it long before queue_timeout_s."""
+    async def go():
+        gate = AdmissionGate(GateConfig(max_live_requests=1, max_queued_requests=1, queue_timeout_s=30))
+        await gate.enter(1)
+        cancelled = False
+        waiting = asyncio.ensure_future(gate.enter(1, lambda: cancelled))
+        await asyncio.sleep(CANCEL_POLL_S)
+        with pytest.raises(ServerBusy, match="max_queued_requests=1"):  # the queue is full
+            await gate.enter(1)
+        t0 = time.perf_counter()
+        cancelled = True
+        with pytest.raises(RequestCancelled, match="while queued"):
+            await waiting
+        left_after = time.perf_counter() - t0
+        assert not gate.queue and gate.cancelled == 1 and gate.live == 1
+        behind = asyncio.ensure_future(gate.enter(1))  # the freed queue place is taken at once
+        await asyncio.sleep(0)
+        gate.leave(1)
+        await asyncio.wait_for(behind, 1.0)
+        return left_after
+
+    assert asyncio.run(go()) < 10 * CANCEL_POLL_S + 1.0  # polled, not queue_timeout_s (30 s)
+
+
+def test_a_waiter_leaving_lets_a_smaller_one_behind_it_in():
+    """FIFO waits for the head; when the head leaves (cancelled), the next one that fits enters."""
+    async def go():
+        gate = AdmissionGate(GateConfig(max_live_requests=5, max_live_tokens=100, queue_timeout_s=30))
+        await gate.enter(60)
+        gone = False
+        head = asyncio.ensure_future(gate.enter(60, lambda: gone))  # does not fit
+        await asyncio.sleep(0)
+        small = asyncio.ensure_future(gate.enter(30))  # would fit, but waits behind the head
+        await asyncio.sleep(CANCEL_POLL_S)
+        assert not small.done()
+        gone = True
+        with pytest.raises(RequestCancelled):
+            await head
+        await asyncio.wait_for(small, 1.0)
+        assert gate.live == 2 and gate.live_tokens == 90
 
     asyncio.run(go())
 

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.triton  # every test here talks to a real tritonserver
 
 ANSWER_BOUND_S = 60.0
 RECOVERY_BOUND_S = 20.0
+UNREADY_POLLS = 6  # readiness and a request, every 0.5 s: unready this often in a row is "reports unready"
 PROMPT = "def f(x):\n    "
 
 
@@ -87,29 +88,48 @@ def aborted_on_the_stub_mutex(server, error: Exception | None = None) -> bool:
     return True
 
 
+KILL_ATTEMPTS = 3  # fresh servers tried when 2.51 aborts on the stub mutex (no answer to check)
+
+
 @pytest.mark.parametrize("model", ["heavy", "light"])
 def test_killed_branch_stub_fails_the_request_by_name(tiny_repository, start_triton, model):
-    server = start_triton(tiny_repository)
-    error, took = kill_stub_mid_request(server, model)
-    assert took < ANSWER_BOUND_S
-    if aborted_on_the_stub_mutex(server, error):
-        return  # the request still failed, fast; tritonserver is down (serve would restart it)
-    assert f"{model} branch" in str(error), repr(error)
-    assert server.is_running()
+    """The answer must name the branch. A dropped connection (no answer) is excused only by
+    the known abort, and then a fresh server is tried: the test passes only on an answer."""
+    for _ in range(KILL_ATTEMPTS):
+        server = start_triton(tiny_repository)
+        error, took = kill_stub_mid_request(server, model)
+        assert took < ANSWER_BOUND_S
+        if isinstance(error, GenerationError):
+            assert f"{model} branch" in str(error), repr(error)
+            assert server.is_running() or aborted_on_the_stub_mutex(server)
+            return
+        assert aborted_on_the_stub_mutex(server, error), repr(error)  # no answer: only the known abort excuses it
+        server.stop()
+    pytest.fail(f"tritonserver aborted on the stub mutex in all {KILL_ATTEMPTS} attempts: "
+                "the request's error was never seen with the server alive")
 
 
 def test_server_recovers_or_reports_unready_after_a_stub_kill(tiny_repository, start_triton):
+    """Never "ready" while failing: each poll reads the launcher's readiness, then sends a
+    request; a request that fails while the server said ready fails the test. Polling goes on
+    until the server serves again or has said unready over several polls (Triton 2.51's own
+    /v2/health/ready keeps answering 200 after the kill: a readiness that trusted it alone
+    would fail here)."""
     server = start_triton(tiny_repository)
     kill_stub_mid_request(server, "heavy")
     host = server.http_url.removeprefix("http://")
-    deadline = time.monotonic() + RECOVERY_BOUND_S
+    unready_polls, deadline = 0, time.monotonic() + RECOVERY_BOUND_S
     while time.monotonic() < deadline:
+        ready = server.is_ready()
         try:
-            if generate_http(host, "import os\n", max_tokens=4, router_mode="heavy", timeout_s=10).tokens == 4:
-                return
+            served = generate_http(host, "import os\n", max_tokens=4, router_mode="heavy", timeout_s=10).tokens == 4
         except (GenerationError, OSError):  # refused / dropped connections count as not serving
-            pass
-        if not server.is_ready():
+            served = False
+        if served:
             return
-        time.sleep(1.0)
-    pytest.fail(f"within {RECOVERY_BOUND_S:.0f} s the server neither served again nor reported unready")
+        assert not ready, "the server said ready, then failed a request: its readiness missed the dead stub"
+        unready_polls += 1
+        if unready_polls >= UNREADY_POLLS:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"within {RECOVERY_BOUND_S:.0f} s the server neither served again nor stayed unready")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -105,11 +106,13 @@ def test_request_errors_name_the_field(inputs, message):
 
 
 class FakeBls:
-    """pb_utils' BLS surface: InferenceRequest(...).async_exec() answering from ``answer``."""
+    """pb_utils' BLS surface: InferenceRequest(...).exec() answering from ``answer`` (and the thread
+    it ran on: ``bls_exec`` runs each called model's calls on that model's own threads)."""
 
     def __init__(self, answer):
         self.pb = fake_pb_module("pb_utils")
         self.sent = []
+        self.threads = []
         outer = self
 
         class Response:
@@ -128,7 +131,8 @@ class FakeBls:
             def __init__(self, **kwargs):
                 outer.sent.append(kwargs)
 
-            async def async_exec(self):
+            def exec(self):
+                outer.threads.append(threading.current_thread().name)
                 outputs, error = answer
                 return Response(outputs, error)
 
@@ -153,6 +157,7 @@ def test_bls_exec_builds_the_request_and_reads_the_answer():
     untimed = FakeBls((result_to_arrays(result), None))
     asyncio.run(BlsBranch("light", "light", bls_exec(untimed.pb)).step(BranchOp(1, 0, (1,))))
     assert "timeout" not in untimed.sent[0] and "parameters" not in untimed.sent[0]
+    assert fake.threads[0].startswith("bls-light_model") and untimed.threads[0].startswith("bls-light")
 
 
 @pytest.mark.parametrize("message, error", [

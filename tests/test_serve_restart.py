@@ -21,6 +21,7 @@ from test_faults import TRITON_STUB_ABORT
 
 from support.serve_process import SERVE_TIMEOUT_S, ServeLines, children, serve_args, server_pids, stub_pid, tokenrouter
 from tokenrouter_backend.client.triton_client import generate_http
+from tokenrouter_backend.server.pids import server_stubs
 from tokenrouter_backend.server.probe import http_status
 
 pytestmark = pytest.mark.triton  # every test here starts tokenrouter serve
@@ -161,3 +162,45 @@ def test_sigterm_during_the_backoff_stops_serve_cleanly(start_serve):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0  # not after the 30 s backoff
     assert http_status(f"http://{host}/v2/health/ready", 2) is None  # the fixture checks no process is left
+
+
+def test_admin_reloads_are_not_stub_deaths_but_a_killed_stub_still_is(start_serve, tiny_repository, tmp_path):
+    """Explicit model control: five reloads of heavy with the admin key (each after its files
+    changed, so Triton does replace its instance) leave the same tritonserver serving; serve
+    follows the new stub, so a later kill of it is still a death that restarts the server."""
+    key_file = tmp_path / "admin.key"
+    proc, lines, host = start_serve("--model-control-mode", "explicit", "--admin-key-file", str(key_file),
+                                    "--restarts", "1")
+    key = key_file.read_text().strip()
+    expected = generate_http(host, PROMPT, timeout_s=60, **KNOBS).text
+    server = tritonserver_pid(proc)
+
+    def heavy_stub() -> int | None:  # the instance's stub (not the one a load runs for auto-complete)
+        found = [pid for pid, model in server_stubs(server).items() if model == "heavy"]
+        return found[0] if len(found) == 1 else None
+
+    stubs = set()
+    for _ in range(5):
+        before = heavy_stub()
+        stubs.add(before)
+        (tiny_repository / "heavy" / "1" / "model.py").touch()  # Triton reloads only changed models
+        try:
+            resp = requests.post(f"http://{host}/v2/repository/models/heavy/load", data=b"{}", timeout=120,
+                                 headers={"tokenrouter-admin-key": key})
+        except requests.ConnectionError as exc:
+            pytest.fail(f"the reload lost its connection ({exc}); serve said: {lines.errors}")
+        assert resp.status_code == 200, resp.text
+        deadline = time.monotonic() + 30
+        while heavy_stub() in (before, None) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert heavy_stub() not in (before, None), "the reload did not replace heavy's stub"
+        time.sleep(1.0)  # a few of the supervisor's polls
+    assert len(stubs) == 5 and proc.poll() is None, lines.errors
+    assert tritonserver_pid(proc) == server and "restart" not in lines.errors, lines.errors
+    assert generate_http(host, PROMPT, timeout_s=60, **KNOBS).text == expected
+    heavy = heavy_stub()  # the fifth reload's stub: a death all the same
+    os.kill(heavy, signal.SIGKILL)
+    restarted(lines, host, 1, 1)
+    assert f"model 'heavy' (pid {heavy})" in lines.errors \
+        or ("tritonserver exited" in lines.errors and TRITON_STUB_ABORT in lines.errors), lines.errors
+    assert generate_http(host, PROMPT, timeout_s=60, **KNOBS).text == expected

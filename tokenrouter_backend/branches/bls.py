@@ -38,7 +38,7 @@ ExecBls = Callable[[str, Mapping[str, np.ndarray], Mapping[str, str], int], Awai
 
 
 class BlsBranch(Branch):
-    """One branch model reached with a BLS call (``InferenceRequest.async_exec()``)."""
+    """One branch model reached with a BLS call (``InferenceRequest.exec()`` on the model's own threads)."""
 
     def __init__(self, name: str, model_name: str, exec_bls: ExecBls, timeout_ms: int = 0,
                  parameters: dict[str, str] | None = None):
@@ -48,8 +48,12 @@ class BlsBranch(Branch):
         self.exec_bls = exec_bls
         self.timeout_ms = timeout_ms  # 0 = no BLS timeout
 
+    @property
+    def where(self) -> str:
+        return f"{self.name} branch ({self.model_name})"
+
     async def step(self, op: BranchOp) -> BranchResult:
         answer = await self.exec_bls(self.model_name, op_to_arrays(op), self.parameters, self.timeout_ms)
         if answer.error is not None:
-            raise decode_error(f"{self.name} branch ({self.model_name}): {answer.error}")
+            raise decode_error(f"{self.where}: {answer.error}")
         return result_from_arrays(answer.output)

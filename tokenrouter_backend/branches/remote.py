@@ -6,7 +6,7 @@ Tensors follow ``branch_protocol`` exactly, so the remote model is the same ``he
 that BLS would call.
 
 Failure handling:
-- every call has a deadline (``timeout_s``); a call past it fails with ``BranchError``;
+- every call has a deadline (``timeout_s``); a call past it fails with ``BranchTimeout``;
 - a server that cannot be reached (gRPC UNAVAILABLE) is retried ``connect_retries`` times
   with exponential backoff, each retry on a fresh channel (the old one is closed when the
   last call using it ends, never under concurrent calls), then fails with a ``BranchError``

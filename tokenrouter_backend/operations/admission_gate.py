@@ -7,7 +7,9 @@ more KV than its budget). Otherwise it waits in a FIFO queue of at most
 ``max_queued_requests`` for at most ``queue_timeout_s``; beyond either it is refused with
 ``ServerBusy`` naming the limit (its message starts ``server busy:``, the category
 ``core/protocol/failures.py`` documents); a request that could never fit is refused as invalid.
-One gate per router, used from its event loop only.
+A waiting request whose client cancelled (``is_cancelled``, checked every ``CANCEL_POLL_S``)
+leaves the queue at once with ``RequestCancelled``. One gate per router, used from its event
+loop only.
 """
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
+
+from tokenrouter_backend.core.loop.block_loop import RequestCancelled
+
+CANCEL_POLL_S = 0.05  # how often a queued request asks whether its client cancelled
 
 from tokenrouter_backend.core.protocol.params import InvalidRequest
 
@@ -51,6 +58,7 @@ class AdmissionGate:
         self.live_tokens = 0
         self.queue: deque[_Waiter] = deque()
         self.refused = 0  # requests refused busy (observability)
+        self.cancelled = 0  # requests whose client cancelled while they were queued
         self.waited_ms = 0.0  # total time admitted requests spent queued
 
     def check(self, tokens: int) -> None:
@@ -66,8 +74,9 @@ class AdmissionGate:
         tokens_fit = not c.max_live_tokens or self.live_tokens + tokens <= c.max_live_tokens
         return self.live < c.max_live_requests and tokens_fit
 
-    async def enter(self, tokens: int) -> None:
-        """Wait for a place (FIFO); raises ServerBusy when the queue is full or the wait too long."""
+    async def enter(self, tokens: int, is_cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Wait for a place (FIFO); raises ServerBusy when the queue is full or the wait too long,
+        RequestCancelled as soon as ``is_cancelled()`` says the client gave up."""
         self.check(tokens)
         if not self.queue and self._fits(tokens):
             self._take(tokens)
@@ -81,25 +90,48 @@ class AdmissionGate:
         self.queue.append(waiter)
         t0 = time.perf_counter()
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=c.queue_timeout_s)
+            await self._wait(waiter, t0 + c.queue_timeout_s, is_cancelled)
+        except RequestCancelled:
+            if waiter.future.done():  # admitted at the last moment: give the place back
+                self.leave(tokens)
+            else:
+                self._drop(waiter)
+            self.cancelled += 1
+            raise
         except asyncio.TimeoutError:
             if waiter.future.done():  # admitted at the last moment: keep it
                 return
-            self.queue.remove(waiter)
-            waiter.future.cancel()
+            self._drop(waiter)
             self.refused += 1
-            self._wake()
             raise ServerBusy(f"server busy: waited queue_timeout_s={c.queue_timeout_s:g} s behind {self.live} live "
                              f"requests (max_live_requests={c.max_live_requests}, {self.live_tokens} of "
                              f"max_live_tokens={c.max_live_tokens or 'unbounded'} KV tokens in use)") from None
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.cancelled():
                 self.leave(tokens)  # admitted, then cancelled before running: give the place back
-            elif waiter in self.queue:
-                self.queue.remove(waiter)
+            else:
+                self._drop(waiter)
             raise
         finally:
             self.waited_ms += (time.perf_counter() - t0) * 1e3
+
+    @staticmethod
+    async def _wait(waiter: _Waiter, deadline: float, is_cancelled: Callable[[], bool]) -> None:
+        """Until admitted; TimeoutError at ``deadline`` (perf_counter), RequestCancelled when cancelled."""
+        while not waiter.future.done():
+            if is_cancelled():
+                raise RequestCancelled("request cancelled by the client while queued for admission")
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise asyncio.TimeoutError
+            await asyncio.wait({waiter.future}, timeout=min(left, CANCEL_POLL_S))
+
+    def _drop(self, waiter: _Waiter) -> None:
+        """A waiter leaves the queue without a place; those behind it may fit now."""
+        if waiter in self.queue:
+            self.queue.remove(waiter)
+        waiter.future.cancel()
+        self._wake()
 
     def leave(self, tokens: int) -> None:
         self.live -= 1

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -27,7 +28,6 @@ from tokenrouter_backend.server.install import TritonInstall, prepare_backend_di
 from tokenrouter_backend.server.logs import parse_model_errors, tail
 from tokenrouter_backend.server.pids import (  # noqa: F401 - process_group_pids: re-exported
     kill_group,
-    lost_pids,
     process_group_pids,
     remove_shm_regions,
     server_stubs,
@@ -37,6 +37,7 @@ from tokenrouter_backend.server.pids import (  # noqa: F401 - process_group_pids
 from tokenrouter_backend.server.ports import LOOPBACK, free_ports
 from tokenrouter_backend.server.probe import http_status
 from tokenrouter_backend.server.restrictions import RESTRICTED_APIS, Restriction
+from tokenrouter_backend.server.stub_set import StubSet
 
 MIB = 1024 * 1024
 # Our largest tensors: a processed distribution over the Qwen2.5 vocabulary (151936 float32)
@@ -114,7 +115,7 @@ class TritonServer:
         self._log_offset = 0
         self._lock = threading.Lock()
         self.shm_prefix: str | None = None  # the Python backend's shared-memory names (set by command())
-        self._stubs: dict[int, str] = {}  # Python stub pid -> its model, when the server became ready
+        self._stubs = StubSet({})  # the Python stubs since the server became ready, followed across reloads
 
     # ---- endpoints
     @property
@@ -187,7 +188,7 @@ class TritonServer:
         that called start() ends, so a killed launcher leaves no server behind — call it from
         a long-lived thread (normally the main one).
         """
-        self._stubs = {}
+        self._stubs = StubSet({})
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 raise TritonServerError(f"tritonserver already running (pid {self._proc.pid})")
@@ -226,7 +227,7 @@ class TritonServer:
             if errors:
                 self._fail("tritonserver could not load every model", errors)
             if self._http_status("/v2/health/ready") == 200:
-                self._stubs = server_stubs(self._proc.pid)
+                self._stubs = StubSet(server_stubs(self._proc.pid))
                 # clients know these ports now: a later start() (a restart) comes back on them
                 self._requested_ports = (self.http_port, self.grpc_port, self.metrics_port)
                 return self
@@ -277,12 +278,16 @@ class TritonServer:
         return self._http_status("/v2/health/ready") == 200 and not self.lost_stubs()
 
     def lost_stubs(self) -> list[int]:
-        """Stub pids alive at readiness that are gone now (a branch crashed or was OOM-killed)."""
-        return lost_pids(self._stubs)
+        """Stub pids that died since readiness (a branch crashed or was OOM-killed). Stubs that
+        appear later are adopted; a stub that went with its model's unload or reload over the
+        admin API did not die (``stub_set.py``)."""
+        if self._proc is not None:
+            self._stubs.follow(server_stubs(self._proc.pid), self._model_status)
+        return sorted(self._stubs.dead)
 
     def stub_names(self) -> dict[int, str]:
-        """The model each stub seen at readiness serves (pid -> model name)."""
-        return dict(self._stubs)
+        """The model each stub seen since readiness serves (pid -> model name)."""
+        return self._stubs.names()
 
     def group_pids(self) -> list[int]:
         """Live processes of the server's process group (server and its Python stubs)."""
@@ -315,6 +320,9 @@ class TritonServer:
 
     def _http_status(self, path: str) -> int | None:
         return http_status(self.http_url + path, HEALTH_REQUEST_TIMEOUT_S)
+
+    def _model_status(self, model: str) -> int | None:
+        return self._http_status(f"/v2/models/{urllib.parse.quote(model, safe='')}/ready")
 
     def _repository_call(self, name: str, action: str) -> None:
         url = f"{self.http_url}/v2/repository/models/{name}/{action}"

@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 
 from tokenrouter_backend.server.pids import (
     kill_group,
@@ -36,20 +35,14 @@ from tokenrouter_backend.server.pids import (
     wait_group_gone,
 )
 from tokenrouter_backend.server.probe import http_status
+from tokenrouter_backend.server.stub_set import DIED, RELOADED, UNLOADED, StubSet
 from tokenrouter_backend.server.stub_watch_args import EXIT_USAGE, WatchOptions, parse_args
 
 EXIT_STUB_LOST = 3
 EXIT_NOT_READY = 4
 STOP_EXTRA_GRACE_S = 10.0   # after Triton's --exit-timeout-secs, before SIGKILL of the group
 PROBE_TIMEOUT_S = 2.0
-UNKNOWN_MODEL = (400, 404)  # Triton's answer to /v2/models/<name>/ready for a model not loaded
 PREFIX = "stub_watch: "
-
-
-@dataclass(frozen=True)
-class Stub:
-    model: str
-    generation: int  # the poll at which it was first seen (0 = at readiness)
 
 
 def signal_name(signum: int) -> str:
@@ -71,8 +64,7 @@ class StubWatch:
         self.options = options
         self.out = out or sys.stderr
         self.proc: subprocess.Popen | None = None
-        self.stubs: dict[int, Stub] = {}
-        self._generation = 0
+        self.stubs = StubSet({})
         self._signal: int | None = None
         self._wake = threading.Event()
 
@@ -124,9 +116,9 @@ class StubWatch:
             if not ready:
                 if http_status(opts.http_url + "/v2/health/ready", PROBE_TIMEOUT_S) == 200:
                     ready = True
-                    self.stubs = {pid: Stub(model, 0) for pid, model in server_stubs(self.proc.pid).items()}
-                    self.log(f"tritonserver ready; watching {len(self.stubs)} Python stubs: "
-                             + (", ".join(f"{s.model} (pid {pid})" for pid, s in sorted(self.stubs.items()))
+                    self.stubs = StubSet(server_stubs(self.proc.pid))
+                    self.log(f"tritonserver ready; watching {len(self.stubs.stubs)} Python stubs: "
+                             + (", ".join(f"{model} (pid {pid})" for pid, model in sorted(self.stubs.names().items()))
                                 or "none"))
                 elif deadline is not None and time.monotonic() > deadline:
                     self.log(f"tritonserver not ready after --ready-timeout-s {opts.ready_timeout_s:g}; stopping it")
@@ -144,22 +136,16 @@ class StubWatch:
 
     def check_stubs(self) -> list[tuple[int, str]]:
         """Adopt new stubs; return the (pid, model) of recorded stubs that died."""
-        self._generation += 1
-        current = server_stubs(self.proc.pid)
-        for pid, model in current.items():
-            if pid not in self.stubs:
-                self.stubs[pid] = Stub(model, self._generation)
-                self.log(f"adopted a new Python stub: model '{model}' (pid {pid})")
         dead = []
-        # gone from the server's process group (or a zombie): a reused pid elsewhere does not hide it
-        for pid in sorted(set(self.stubs) - set(current)):
-            stub = self.stubs.pop(pid)
-            if any(s.model == stub.model and s.generation > stub.generation for s in self.stubs.values()):
-                self.log(f"stub of model '{stub.model}' (pid {pid}) replaced by a newer one (reload)")
-            elif stub.model != "?" and self._model_status(stub.model) in UNKNOWN_MODEL:
-                self.log(f"stub of model '{stub.model}' (pid {pid}) gone with its model (unloaded)")
-            else:
-                dead.append((pid, stub.model))
+        for change in self.stubs.follow(server_stubs(self.proc.pid), self._model_status):
+            if change.gone is None:
+                self.log(f"adopted a new Python stub: model '{change.model}' (pid {change.pid})")
+            elif change.gone == RELOADED:
+                self.log(f"stub of model '{change.model}' (pid {change.pid}) replaced by a newer one (reload)")
+            elif change.gone == UNLOADED:
+                self.log(f"stub of model '{change.model}' (pid {change.pid}) gone with its model (unloaded)")
+            elif change.gone == DIED:
+                dead.append((change.pid, change.model))
         return dead
 
     def _model_status(self, model: str) -> int | None:

@@ -1,7 +1,9 @@
 """The restart policy of `tokenrouter serve`: watch one tritonserver and bring it back.
 
 When tritonserver exits unexpectedly or one of its Python stubs dies (a model that would
-fail every request while Triton still answers ready), `Supervisor` logs the cause, stops
+fail every request while Triton still answers ready; a stub that went with an admin's unload
+or reload of its model does not count, and the new one is watched: `stub_set.py`),
+`Supervisor` logs the cause, stops
 what is left of the server (its process group and shared-memory regions: `TritonServer.stop`),
 waits a doubling, capped backoff and starts it again on the same ports, at most
 ``max_restarts`` times within a sliding window; over the limit it gives up (exit code 1).

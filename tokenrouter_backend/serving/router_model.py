@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenrouter_backend.branches.bls import BlsBranch
+from tokenrouter_backend.branches.deadline import DEADLINE_SLACK_S, DeadlineBranch
 from tokenrouter_backend.branches.heavy_pool import HeavyPool, PoolConfig, parse_heavy_urls
 from tokenrouter_backend.branches.remote import RemoteBranch, resolve_heavy_url
 from tokenrouter_backend.core.loop.answer_cache import AnswerCache
@@ -123,11 +124,14 @@ class RouterModel:
         self.gate = AdmissionGate(dataclass_from_config(GateConfig, config_parameters(args)))
         self.branch_auth = key_parameters(load_key(Path(args["model_repository"])))
         timeout_ms = int(self.defaults.branch_timeout_s * 1000)
+        deadline_s = self.defaults.branch_timeout_s + DEADLINE_SLACK_S  # every branch call, running or queued
         self.exec_bls = bls_exec(pb_utils)
-        self.light = MeteredBranch(BlsBranch(LIGHT, self.defaults.light_model, self.exec_bls, timeout_ms,
-                                             parameters=self.branch_auth), self.ops.costs.light)
+        self.light = MeteredBranch(DeadlineBranch(BlsBranch(LIGHT, self.defaults.light_model, self.exec_bls,
+                                                            timeout_ms, parameters=self.branch_auth), deadline_s),
+                                   self.ops.costs.light)
         self.pool_config = dataclass_from_config(PoolConfig, config_parameters(args), prefix="heavy_pool_")
-        self.heavy = MeteredBranch(self._heavy_branch(timeout_ms), self.ops.costs.heavy)
+        self.heavy_branch = self._heavy_branch(timeout_ms)
+        self.heavy = MeteredBranch(DeadlineBranch(self.heavy_branch, deadline_s), self.ops.costs.heavy)
         tokenizer = find_tokenizer(args, config_parameters(args))
         self.decode = None if tokenizer is None else Detokenizer(tokenizer).decode
         self.vocab_texts = [] if tokenizer is None else vocabulary_texts(tokenizer)
@@ -161,7 +165,7 @@ class RouterModel:
 
     def _report_pool(self) -> None:
         """Per-server heavy pool metrics (counts since the last report, sessions and health now)."""
-        pool = self.heavy.inner
+        pool = self.heavy_branch
         if isinstance(pool, HeavyPool) and self.ops.metrics is not None:
             from tokenrouter_backend.operations.metrics import pool_updates  # noqa: PLC0415 - only with metrics
 
@@ -186,7 +190,8 @@ class RouterModel:
             gen_request = parse_request(inputs, self.defaults, decode=self.decode)
             info = request_info(inputs)
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these
-            await self.gate.enter(tokens)  # before any branch work (the perplexity below is light work)
+            # before any branch work (the perplexity below is light work); a client that cancels leaves the queue
+            await self.gate.enter(tokens, sender.is_cancelled)
             held = tokens
             info, surprise = await self._request_level(info, gen_request.cache_salt)
             admission = self.ops.admit(info, gen_request.params)

@@ -146,6 +146,11 @@ class BranchTimeout(BranchError):
     reason = "did not answer in time"
 
 
+class BranchTimeout(BranchError):
+    """A step got no answer within its deadline (a stopped or stuck branch); its session is
+    released once the branch answers again (``branches/deadline.py``)."""
+
+
 # A branch error crosses Triton as a message only; the kinds a caller acts on are told
 # apart by a tag the branch model appends (``encode_error``) and callers look for.
 SESSION_MISSING_TAG = "SessionMissing"
