@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tokenrouter_backend.core.loop.block_loop import RequestCancelled
+from tokenrouter_backend.core.protocol.params import InvalidRequest
 
 CANCEL_POLL_S = 0.05  # how often a queued request asks whether its client cancelled
-
-from tokenrouter_backend.core.protocol.params import InvalidRequest
 
 
 @dataclass(frozen=True)

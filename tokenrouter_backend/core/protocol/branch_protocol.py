@@ -141,14 +141,10 @@ class BranchUnreachable(BranchError):
 
 
 class BranchTimeout(BranchError):
-    """The branch did not answer within its deadline."""
-
-    reason = "did not answer in time"
-
-
-class BranchTimeout(BranchError):
     """A step got no answer within its deadline (a stopped or stuck branch); its session is
     released once the branch answers again (``branches/deadline.py``)."""
+
+    reason = "did not answer in time"
 
 
 # A branch error crosses Triton as a message only; the kinds a caller acts on are told
