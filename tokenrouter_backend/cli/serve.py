@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV
+from tokenrouter_backend.cli.front import add_limit_arguments, front_limits
 from tokenrouter_backend.server import paths
 from tokenrouter_backend.server.errors import TritonServerError
 from tokenrouter_backend.server.ports import LOOPBACK
@@ -107,6 +108,7 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chat-template", type=Path, default=None,
                        help="Jinja chat template file replacing the exported tokenizer's "
                             "(default: the tokenizer's own, preprocessing/1/tokenizer)")
+    add_limit_arguments(group, prefix="openai-")
 
 
 def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str):
@@ -118,10 +120,11 @@ def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str
     from tokenrouter_backend.openai_front.runner import FrontStartError, OpenAIFront
 
     tokenizer = Path(repository) / TOKENIZER_DIR
-    config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template)
     try:
+        config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template,
+                             limits=front_limits(args, prefix="openai_"))
         return OpenAIFront(config, host=args.openai_address, port=args.openai_port).start()
-    except FrontStartError as err:
+    except (FrontStartError, ValueError) as err:
         raise FrontFailed(str(err)) from err
 
 
