@@ -117,6 +117,33 @@ def test_ignored_fields_do_not_travel_back_from_the_worker():
     assert not body.model_extra and body.response_format is None and body.knobs() == {}
 
 
+def test_a_parser_process_that_dies_is_answered_503_and_replaced():
+    import asyncio
+    import glob
+
+    from tokenrouter_backend.openai_front.errors import OpenAIError
+    from tokenrouter_backend.openai_front.parsing import BodyParser
+
+    big = completion(prompt="a" * 20_000)  # over INLINE_BODY_BYTES: parsed in a worker
+
+    async def run():
+        parser = BodyParser(Limits(parse_workers=1))
+        await parser.start()
+        try:
+            assert (await parser.parse("completion", big)).prompt == "a" * 20_000
+            for process in list(parser._pool._processes.values()):
+                process.kill()
+            with pytest.raises(OpenAIError) as info:
+                await parser.parse("completion", big)
+            assert info.value.status == 503
+            assert (await parser.parse("completion", big)).prompt == "a" * 20_000  # a new pool
+        finally:
+            parser.close()
+
+    asyncio.run(run())
+    assert not glob.glob("/dev/shm/tokenrouter-body-*"), "a body file was left behind"
+
+
 def test_limits_refuse_nonsense():
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="max_body_bytes"):
