@@ -27,6 +27,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-special-tokens", action="store_true",
                         help="parse special-token text inside chat message contents as control tokens (the old, unsafe "
                         "behaviour: a user can forge turns; default: kept as text)")
+    add_limit_arguments(parser)
+
+
+def add_limit_arguments(parser, prefix: str = "") -> None:
+    """The front's request limits (``--max-body-bytes``; ``serve`` prefixes them with ``openai-``)."""
+    parser.add_argument(f"--{prefix}max-body-bytes", type=int, default=None,
+                        help="largest request body; a larger one is refused 413 before it is read "
+                             "(default 8 MiB: a 1 MiB prompt in JSON's worst escaping)")
+    parser.add_argument(f"--{prefix}max-prompt-bytes", type=int, default=None,
+                        help="largest prompt, or all chat messages' text, in UTF-8 bytes (default 1 MiB, "
+                             "the server's max_input_bytes)")
+
+
+def front_limits(args: argparse.Namespace, prefix: str = ""):
+    """``Limits`` from the options ``add_limit_arguments`` added (the defaults where not given)."""
+    from tokenrouter_backend.openai_front.parsing import Limits
+
+    given = {name: getattr(args, f"{prefix}{name}") for name in ("max_body_bytes", "max_prompt_bytes")}
+    return Limits(**{name: value for name, value in given.items() if value is not None})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,9 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    front = OpenAIFront(FrontConfig(args.triton_grpc, tokenizer, args.chat_template,
-                                    chat_special_tokens=args.chat_special_tokens), host=args.address,
-                        port=args.port)
+    try:
+        limits = front_limits(args)
+    except ValueError as err:
+        print(f"tokenrouter openai: {err}", file=sys.stderr)
+        return 2
+    front = OpenAIFront(FrontConfig(args.triton_grpc, tokenizer, args.chat_template, limits=limits,
+                                    chat_special_tokens=args.chat_special_tokens),
+                        host=args.address, port=args.port)
     try:
         front.start()
         print(f"ready\n  OpenAI  {front.url}  (Triton gRPC {args.triton_grpc})", flush=True)

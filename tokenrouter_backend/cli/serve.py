@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tokenrouter_backend.branches.heavy_pool import parse_heavy_urls
 from tokenrouter_backend.branches.remote import HEAVY_URL_ENV
+from tokenrouter_backend.cli.front import add_limit_arguments, front_limits
 from tokenrouter_backend.server import paths
 from tokenrouter_backend.server.door import DEFAULT_MAX_REQUEST_BYTES, Door, DoorError
 from tokenrouter_backend.server.door_http import LIMIT_FLAG
@@ -159,6 +160,7 @@ def add_openai_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chat-special-tokens", action="store_true",
                        help="parse special-token text inside chat message contents as control tokens (the old, unsafe "
                        "behaviour: a user can forge turns; default: kept as text)")
+    add_limit_arguments(group, prefix="openai-")
 
 
 def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str):
@@ -170,11 +172,12 @@ def start_openai_front(args: argparse.Namespace, repository: Path, grpc_url: str
     from tokenrouter_backend.openai_front.runner import FrontStartError, OpenAIFront
 
     tokenizer = Path(repository) / TOKENIZER_DIR
-    config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template,
-                         chat_special_tokens=args.chat_special_tokens)
     try:
+        config = FrontConfig(grpc_url, tokenizer if tokenizer.is_dir() else None, args.chat_template,
+                             limits=front_limits(args, prefix="openai_"),
+                             chat_special_tokens=args.chat_special_tokens)
         return OpenAIFront(config, host=args.openai_address, port=args.openai_port).start()
-    except FrontStartError as err:
+    except (FrontStartError, ValueError) as err:
         raise FrontFailed(str(err)) from err
 
 

@@ -19,6 +19,7 @@ KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshol
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
                "router_threshold")
 KNOBS_STR = ("router_mode", "block_schedule", "cache_salt")
+INT_RANGES = {"INT32": (-(1 << 31), (1 << 31) - 1), "UINT64": (0, (1 << 64) - 1)}
 KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "light_copies", "answer_cache", "show_routing",
               "learned_router")
 
@@ -96,6 +97,11 @@ def grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
     """The ensemble's input tensors (``grpcclient``: ``tritonclient.grpc`` or its ``aio``)."""
 
     def tensor(name, value, dtype, triton_type):
+        if triton_type in INT_RANGES:  # numpy would wrap 2**32 + 5 to 5 (or overflow) without a word
+            low, high = INT_RANGES[triton_type]
+            if isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}] (a {triton_type} input); "
+                                 f"got {value!r}")
         t = grpcclient.InferInput(name, [1, 1], triton_type)
         t.set_data_from_numpy(np.array([[value]], dtype=dtype))
         return t

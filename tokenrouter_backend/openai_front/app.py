@@ -1,30 +1,34 @@
 """The ASGI app: FastAPI routes onto the ensemble's gRPC stream.
 
-``create_app(FrontConfig)`` loads the chat template once; the gRPC (asyncio) client lives in
-the app's event loop (lifespan). Streams are answered with HTTP 200 only once the first
-response arrived, so a refused request gets its HTTP status; later errors become one
-``data: {"error": ...}`` event before ``data: [DONE]``.
+``create_app(FrontConfig)`` loads the chat template once; the gRPC (asyncio) client and the
+body parser's worker processes (``parsing.py``) live as long as the app (lifespan). Bodies
+are read within ``max_body_bytes`` and streams at the client's pace (``transport.py``); the
+body is parsed and validated in a worker process and the chat template renders in a bounded
+worker thread, so the event loop only moves bytes. Streams are answered with HTTP 200 only
+once the first response arrived, so a refused request gets its HTTP status; later errors
+become one ``data: {"error": ...}`` event before ``data: [DONE]``.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from .chat_template import ChatTemplate
 from .errors import OpenAIError, not_found, server_error, unavailable
-from .protocol import ChatBody, CompletionBody, GenerationBody
+from .parsing import BodyParser, Limits
+from .protocol import GenerationBody
 from .responses import DONE, PUBLIC_MODEL, Endpoint, Reply, model_card, models_list, sse
+from .transport import BodyLimit, StalledStream
 from .triton_stream import Piece, generate
 
 LOG = logging.getLogger("tokenrouter.openai_front")
@@ -39,6 +43,9 @@ class FrontConfig:
     request_timeout_s: float = 600.0  # one answer, start to end
     disconnect_poll_s: float = 0.2  # how often a non-streamed request checks its client is still there
     chat_special_tokens: bool = False  # special-token text in chat content parsed as control tokens (unsafe)
+    stream_stall_s: float = 30.0  # a streamed event the client has not taken by then ends its stream
+    stream_buffer_bytes: int = 64 * 1024  # a connection's write buffer, and its socket's (runner.py)
+    limits: Limits = Limits()  # body and prompt sizes, parser processes (parsing.py)
 
 
 class ClientGone(Exception):
@@ -48,6 +55,8 @@ class ClientGone(Exception):
 def create_app(config: FrontConfig) -> FastAPI:
     chat = ChatTemplate(config.tokenizer_dir, config.chat_template_file) if config.tokenizer_dir else None
     started = int(time.time())
+    parser = BodyParser(config.limits)
+    renderers = anyio.CapacityLimiter(config.limits.parse_workers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -59,11 +68,14 @@ def create_app(config: FrontConfig) -> FastAPI:
         app.state.triton = grpcclient.InferenceServerClient(config.triton_grpc_url,
                                                             channel_args=reconnecting_channel_args())
         try:
+            await parser.start()
             yield
         finally:
             await app.state.triton.close()
+            await anyio.to_thread.run_sync(parser.close)
 
     app = FastAPI(title="TokenRouter (OpenAI-compatible)", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_body_bytes=config.limits.max_body_bytes)
     app.add_exception_handler(OpenAIError, lambda _r, exc: JSONResponse(exc.body(), status_code=exc.status,
                                                                         headers=exc.headers()))
     app.add_exception_handler(HTTPException, _http_error)
@@ -92,21 +104,23 @@ def create_app(config: FrontConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _parse(request, CompletionBody)
+        body = await parser.parse("completion", await request.body())
+        _check_model(body)
         prefix = body.prompt_text() if body.echo else ""
         return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompt_text(), prefix)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _parse(request, ChatBody)
+        body = await parser.parse("chat", await request.body())
+        _check_model(body)
         if chat is None:
             raise OpenAIError("this front was started without the exported tokenizer: no chat template",
                               param="messages", code="chat_template_missing")
         messages = body.template_messages()
         if config.chat_special_tokens:  # the old behaviour: content's special-token text is control tokens
-            prompt, spans = chat.render(messages), None
+            prompt, spans = await anyio.to_thread.run_sync(chat.render, messages, limiter=renderers), None
         else:
-            prompt, spans = chat.render_with_spans(messages)
+            prompt, spans = await anyio.to_thread.run_sync(chat.render_with_spans, messages, limiter=renderers)
         return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "", spans)
 
     return app
@@ -124,24 +138,10 @@ async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
                         status_code=exc.status_code)
 
 
-async def _parse(request: Request, model: type[GenerationBody]) -> GenerationBody:
-    try:
-        data = json.loads(await request.body())
-    except ValueError as exc:
-        raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise OpenAIError("the request body must be a JSON object")
-    try:
-        body = model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"])
-        raise OpenAIError(f"{param}: {err['msg']}", param=param) from exc
-    body.check()
+def _check_model(body: GenerationBody) -> None:
     if body.model != PUBLIC_MODEL:
         raise not_found(f"The model '{body.model}' does not exist (this server serves '{PUBLIC_MODEL}')",
                         "model_not_found")
-    return body
 
 
 async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
@@ -161,7 +161,7 @@ async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Re
         raise
     if first is None:
         raise server_error("the server ended the stream without an answer")
-    return StreamingResponse(_events(reply, body, first, pieces, prefix), media_type="text/event-stream")
+    return StalledStream(_events(reply, body, first, pieces, prefix), config.stream_stall_s)
 
 
 async def _collect(pieces) -> tuple[str, dict]:
@@ -174,7 +174,8 @@ async def _collect(pieces) -> tuple[str, dict]:
 
 
 async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, prefix: str):
-    """SSE events; a disconnect cancels this generator, and closing ``pieces`` cancels the stream."""
+    """SSE events; a disconnect or a stalled client closes this generator, and closing ``pieces``
+    cancels the generation."""
     async with contextlib.aclosing(pieces):
         stats = first.stats
         yield reply.chunk(prefix + first.text, first=True)

@@ -8,9 +8,9 @@ error naming them rather than silently ignored; a few that change nothing about 
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from tokenrouter_backend.core.protocol.cache_salt import CACHE_SALT, parse_cache_salt
 from tokenrouter_backend.core.protocol.params import MIN_TEMPERATURE, InvalidRequest
@@ -18,7 +18,13 @@ from tokenrouter_backend.core.protocol.params import MIN_TEMPERATURE, InvalidReq
 from .errors import OpenAIError
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
-SEED_MAX = (1 << 64) - 1
+SEED_MAX = (1 << 64) - 1  # random_seed is a UINT64 input
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1  # the ensemble's integer inputs are INT32
+# integers are JSON integers (no bool, float or string) within the range of the input that
+# carries them, so nothing wraps on the way; the router's own ranges (max_tokens_limit, ...) apply after
+Int32 = Annotated[int, Strict(), Field(ge=INT32_MIN, le=INT32_MAX)]
+Count = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+Seed = Annotated[int, Strict(), Field(ge=0, le=SEED_MAX)]
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "prompt_cache_key", "safety_identifier"})
 
@@ -34,20 +40,20 @@ class RouterKnobs(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     router_mode: Optional[str] = None
-    block_size: Optional[int] = None
+    block_size: Optional[Int32] = None
     block_schedule: Optional[str] = None
     confidence_threshold: Optional[float] = None
     entropy_threshold: Optional[float] = None
     rollback_threshold: Optional[float] = None
-    rollback_window: Optional[int] = None
+    rollback_window: Optional[Int32] = None
     draft_confidence_threshold: Optional[float] = None
-    top_k: Optional[int] = None
+    top_k: Optional[Int32] = None
     decision_log: Optional[bool] = None
     dynamic_threshold_quantile: Optional[float] = None
     allow_degradation: Optional[bool] = None
     ngram_drafts: Optional[bool] = None
     light_copies: Optional[bool] = None
-    light_kv_window: Optional[int] = None
+    light_kv_window: Optional[Int32] = None
     answer_cache: Optional[bool] = None
     learned_router: Optional[bool] = None
     router_threshold: Optional[float] = None
@@ -62,12 +68,12 @@ class GenerationBody(RouterKnobs):
     model: str
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_tokens: Optional[Count] = None
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    seed: Optional[int] = Field(default=None, ge=0, le=SEED_MAX)
+    seed: Optional[Seed] = None
     stop: Union[str, list[str], None] = None
-    n: Optional[int] = None
+    n: Optional[Count] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, Any]] = None
@@ -133,8 +139,8 @@ class CompletionBody(GenerationBody):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
     suffix: Optional[str] = None
-    best_of: Optional[int] = None
-    logprobs: Optional[int] = None
+    best_of: Optional[Count] = None
+    logprobs: Optional[Int32] = None
 
     def check(self) -> None:
         super().check()
@@ -181,9 +187,9 @@ class ChatMessage(BaseModel):
 
 class ChatBody(GenerationBody):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[Count] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[Int32] = None
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
     functions: Optional[list[Any]] = None
