@@ -196,3 +196,15 @@ def test_response_bodies_and_chunks():
     assert json.loads(reply.usage_chunk(stats)[len("data: "):])["choices"] == []
     first = json.loads(Reply(Endpoint.CHAT).chunk("a", first=True)[len("data: "):])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
+
+
+def test_an_error_echoing_a_lone_surrogate_is_still_json():
+    # found by tests/test_openai_fuzz.py: a model name "\udfff" came back in the 404's message and
+    # the JSON encoder raised, so the client got a plain-text 500
+    from starlette.responses import JSONResponse
+
+    from tokenrouter_backend.openai_front.errors import not_found
+
+    err = not_found("The model '\udfff' does not exist", "model_not_found")
+    body = JSONResponse(err.body(), status_code=err.status).body
+    assert b"\\\\udfff" in body and err.body()["error"]["code"] == "model_not_found"

@@ -40,6 +40,10 @@ ADDRESS = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://)\S+|\[[0-9A-Fa-f]*:[0-9A-Fa-f:.
                      r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?|\b[A-Za-z0-9.-]+:\d{2,5}\b")
 
 
+def _utf8_safe(text: Optional[str]) -> Optional[str]:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass
 class OpenAIError(Exception):
     """A request that fails; ``status`` is the HTTP status, ``type`` OpenAI's error type."""
@@ -55,7 +59,10 @@ class OpenAIError(Exception):
         return self.message
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """OpenAI's error shape; text with no UTF-8 form (a lone surrogate a request sent, echoed in
+        the message) is escaped so the answer is always JSON."""
+        return {"error": {"message": _utf8_safe(self.message), "type": self.type, "param": _utf8_safe(self.param),
+                          "code": self.code}}
 
     def headers(self) -> dict[str, str]:
         return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
