@@ -8,7 +8,8 @@ and scratch roots (``/work``, ``/mnt``, ``/srv``, ``/scratch``), any fixed tempo
 defines (below). Allowed, because they are the same on every machine: kernel and device files
 (``/proc``, ``/dev``, ``/sys``), system programs (``/usr/bin/env`` shebangs, ``/bin/...``,
 ``/etc/...``), URL paths (``/v2/health/ready``, ``/generate``), and inside the Docker image
-``/opt/tokenrouter`` (the Dockerfile's WORKDIR) and ``/opt/nvidia`` (the NGC base image's
+``/opt/tokenrouter`` (the Dockerfile's WORKDIR), ``/home/tokenrouter`` (its serving user's
+home, which the Helm chart mounts writable) and ``/opt/nvidia`` (the NGC base image's
 entrypoint). Paths the project itself chooses are written relative to the repository, the
 data directory (``$TOKENROUTER_DATA``, ``~/.cache/tokenrouter``, ``<data>/...`` in results)
 or ``<tmp>/...``.
@@ -35,7 +36,7 @@ _START = r"(?:(?<=^)|(?<=[\s\"'`(\[=:,]))"
 _OPT_ALLOWED = ("tokenrouter", "nvidia")
 FORBIDDEN_PATH = re.compile(
     _START + r"(?:/(?:root|work|mnt|srv|scratch)(?=[/\s\"'`),:]|$)"
-    r"|/(?:home|Users)/\w"
+    r"|/(?:home|Users)/(?!tokenrouter\b)\w"
     r"|/(?:var/)?tmp/[\w.-]"
     r"|/opt/(?!(?:" + "|".join(_OPT_ALLOWED) + r")\b)\w)",
     re.MULTILINE)
