@@ -16,7 +16,7 @@ import threading
 from aiohttp import web
 
 from tokenrouter_backend.server import door_grpc, door_http
-from tokenrouter_backend.server.ports import LOOPBACK, free_port
+from tokenrouter_backend.server.ports import client_host, free_port
 
 MIB = 1024 * 1024
 # The largest legitimate request: a 1 MiB `text_input` (preprocessing's max_input_bytes) even
@@ -55,7 +55,7 @@ class Door:
 
     @property
     def _client_host(self) -> str:
-        return LOOPBACK if self.address in ("0.0.0.0", "", "::") else self.address
+        return client_host(self.address)
 
     @property
     def http_url(self) -> str:

@@ -12,11 +12,18 @@ import socket
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+ANY_ADDRESS = ("0.0.0.0", "", "::")  # listen addresses meaning "every interface"
+
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_DEFAULT_EPHEMERAL = (32768, 60999)
 LOWEST_PORT = 10000        # above the well-known and most registered service ports
 HIGHEST_PORT = 65535
 PICK_ATTEMPTS = 200
+
+
+def client_host(address: str) -> str:
+    """Where a local client reaches a server listening on ``address`` (loopback for "every interface")."""
+    return LOOPBACK if address in ANY_ADDRESS else address
 
 
 def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:

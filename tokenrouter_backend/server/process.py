@@ -34,7 +34,7 @@ from tokenrouter_backend.server.pids import (  # noqa: F401 - process_group_pids
     terminate_with_parent,
     wait_group_gone,
 )
-from tokenrouter_backend.server.ports import LOOPBACK, free_ports
+from tokenrouter_backend.server.ports import LOOPBACK, client_host, free_ports
 from tokenrouter_backend.server.probe import http_status
 from tokenrouter_backend.server.restrictions import RESTRICTED_APIS, Restriction
 from tokenrouter_backend.server.stub_set import StubSet
@@ -120,7 +120,7 @@ class TritonServer:
     # ---- endpoints
     @property
     def _client_host(self) -> str:
-        return LOOPBACK if self.address in ("0.0.0.0", "") else self.address
+        return client_host(self.address)
 
     @property
     def http_url(self) -> str:
@@ -133,7 +133,7 @@ class TritonServer:
 
     @property
     def metrics_url(self) -> str:
-        host = LOOPBACK if self.metrics_address in ("0.0.0.0", "") else self.metrics_address
+        host = client_host(self.metrics_address)
         return f"http://{host}:{self.metrics_port}/metrics"
 
     @property
