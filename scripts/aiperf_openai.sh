@@ -7,6 +7,8 @@
 #   TOKENIZER_DIR  the exported tokenizer (REPOSITORY/preprocessing/1/tokenizer)
 # Env: AIPERF (default .venv-aiperf/bin/aiperf), PYTHON (.venv/bin/python), MODES ("heavy verify route"),
 #      CONCURRENCIES ("1 4 8"), REQUESTS_PER_STREAM (6), ISL (64), OSL (48).
+# Request rate 20 with max concurrency C, not concurrency alone: AIPerf 0.13's concurrency-only mode
+# polls for a free slot without sleeping and holds a core (see bench/aiperf_sweep.py, PACING_RATE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 URL=$1 TOKENIZER=$2 OUT=$3
@@ -24,7 +26,7 @@ for c in ${CONCURRENCIES:-1 4 8}; do
     # answer_cache false: every mode gets the same synthetic prompts (--random-seed), and a later mode
     # must not draft an earlier one's answers
     "$AIPERF" profile --model tokenrouter --url "$URL" --endpoint-type chat --streaming \
-      --concurrency "$c" --request-count $((c * ${REQUESTS_PER_STREAM:-6})) --warmup-request-count 2 \
+      --concurrency "$c" --request-rate 20 --arrival-pattern constant --request-count $((c * ${REQUESTS_PER_STREAM:-6})) --warmup-request-count 2 \
       --isl "${ISL:-64}" --osl "${OSL:-48}" --random-seed 1 --tokenizer "$TOKENIZER" \
       --use-server-token-count --extra-inputs "router_mode:$mode" --extra-inputs "answer_cache:false" --ui none \
       --artifact-dir "$OUT/$mode-c$c" >"$OUT/$mode-c$c.log" 2>&1 || { tail -20 "$OUT/$mode-c$c.log"; exit 1; }

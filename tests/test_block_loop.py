@@ -258,3 +258,32 @@ def test_route_check_holds_later_confident_drafts_to_the_rollback_rule():
                 assert out[i] == int(np.argmax(ToyLM().logits(seq[: len(prompt) + i])))
             after_verified += kind == "u" and i > 0 and kinds[i - 1] == "v"
     assert verified > 0 and after_verified > 0
+
+
+def test_routing_stats_break_a_request_into_phases():
+    """queue (given by the glue), each branch's first step, when the light model came in,
+    and the time awaiting the sender: what a short answer's time is spent on."""
+    import asyncio
+    import dataclasses
+    import time
+
+    from support.fakes import make_pair
+    from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
+    from tokenrouter_backend.core.protocol.params import RouterDefaults
+
+    def slow_emit(*_):
+        time.sleep(0.002)
+
+    prompt = [i % 30 + 1 for i in range(24)]
+    for mode in ("verify", "heavy"):
+        params = RouterDefaults().request_params({"router_mode": mode, "max_tokens": 12, "stream": True})
+        light, heavy = make_pair()
+        request = dataclasses.replace(GenerationRequest(prompt, params), queued_ms=12.5)
+        s = asyncio.run(generate(request, light, heavy, slow_emit, session_id=3))
+        assert s.queue_ms == 12.5 and 0 < s.heavy_first_ms <= s.heavy_ms
+        assert s.emit_ms >= 2.0  # the sender was awaited at least once
+        if mode == "heavy":
+            assert s.light_first_ms == s.light_start_ms == 0.0
+        else:  # streamed verify: the heavy model's first token first, the light model after it
+            assert 0 < s.light_first_ms <= s.light_ms
+            assert s.light_start_ms >= s.heavy_first_ms and s.light_start_ms <= s.total_ms

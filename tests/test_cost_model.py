@@ -268,9 +268,10 @@ def hooks_params():
     return RouterDefaults().request_params({"router_mode": "verify", "max_tokens": 48})
 
 
-def test_the_light_decision_is_planned_once_and_reported_in_routing_stats():
+def test_the_light_decision_is_planned_and_reported_in_routing_stats():
     """The estimate behind ``light_skipped``: the saving and the prefill it was weighed
-    against reach the plan, and through the block loop the request's routing_stats."""
+    against reach the plan, and through the block loop the request's routing_stats (the
+    last decision made)."""
     from support.fakes import make_pair
     from tokenrouter_backend.core.loop.block_loop import GenerationRequest, generate
     from tokenrouter_backend.core.protocol.names import Mode
@@ -298,6 +299,44 @@ def test_the_light_decision_is_planned_once_and_reported_in_routing_stats():
     assert stats.light_plan_acceptance == pytest.approx(first.acceptance)
     assert stats.light_skipped == (not first.pays)
     assert "light_plan_prefill_ms" in stats.to_dict()
+    assert stats.light_plan_rest == pytest.approx(first.rest) and 0 < first.rest <= 12
+
+
+def _record(position: int, committed: int, light_ms: float = 0.0):
+    from tokenrouter_backend.core.loop.hooks import BlockRecord
+
+    return BlockRecord("r", position, "verify", "heavy", 1, (), (), (), 0, (), (), 0, 1, 100.0, 100.0, light_ms,
+                       100.0, committed)
+
+
+def test_recent_short_answers_keep_the_light_model_out_until_an_answer_runs_long():
+    """The light decision weighs its prefill against the expected REST of the answer (recent
+    answers to prompts with the same signals), not max_tokens; it is asked again at every
+    block until the light model is in, so an answer that outlives its peers brings it in late."""
+    from tokenrouter_backend.core.protocol.names import Mode
+    from tokenrouter_backend.core.signals.answer_length import LengthSignal
+
+    ops = _ops()
+    _teach(ops.costs, Curve(60.0, 6.0), Curve(20.0, 2.0), batch=1)
+    assert _plan(ops, prompt_len=300, max_tokens=256).light_estimate.pays  # no evidence: up to max_tokens
+    signal = LengthSignal.of(tuple(range(300)), 256)
+    for n in (3, 4, 4, 5, 5, 6):
+        ops.lengths.observe(signal, n)
+    info, params = _admission(prompt_len=300)
+    hooks = ops.admit(info, dataclasses.replace(params, max_tokens=256)).hooks
+    plan = hooks.plan(dataclasses.replace(params, max_tokens=256), 4)
+    assert plan.mode == Mode.HEAVY and not plan.light_estimate.pays
+    assert plan.light_estimate.rest == pytest.approx(4.5)  # mean of the six answers, none ended yet
+    hooks.after_block(_record(0, 3))  # five recent answers outlived 3 tokens, by 1, 1, 2, 2 and 3
+    assert hooks.plan(dataclasses.replace(params, max_tokens=256), 4).light_estimate.rest == pytest.approx(1.8)
+    hooks.after_block(_record(3, 5))  # 8 tokens: longer than every recent answer, no evidence left
+    late = hooks.plan(dataclasses.replace(params, max_tokens=256), 4)
+    assert late.mode == Mode.VERIFY and late.light_estimate.pays and late.light_estimate.rest == 248
+    hooks.after_block(_record(8, 3, light_ms=50.0))  # the light model ran: its prefill is paid
+    kept = late.light_estimate
+    for n in (11,) * 8:
+        ops.lengths.observe(signal, n)  # recent answers say this one is about to end
+    assert hooks.plan(dataclasses.replace(params, max_tokens=256), 4).light_estimate is kept
 
 
 def test_until_the_light_curve_is_fitted_it_is_the_heavy_one_scaled():

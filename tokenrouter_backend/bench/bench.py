@@ -27,11 +27,14 @@ from pathlib import Path
 
 from tokenrouter_backend.server.restrictions import ADMIN_KEY_ENV
 
-from . import report
+from . import aiperf_sweep, report
 from .arm_prompts import PREWARM_REQUESTS
 from .portable_paths import portable_command, portable_path
 from .records import RECORDS_JSONL, Arm, RunRecord, append_record, build_results
-from .workloads import ALL_WORKLOADS, Prompt, load_workloads
+from .short_answers import SHORT, SHORT_RAG, short_answer_prompts
+from .workloads import ALL_WORKLOADS, QUICK_PER_WORKLOAD, Prompt, load_workloads
+
+CHAT_WORKLOADS = (SHORT, SHORT_RAG)  # rendered by the repository's chat template (--repo)
 
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)  # route confidence thresholds: the frontier
@@ -160,7 +163,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", default=None, help=f"route thresholds (default {DEFAULT_THRESHOLDS})")
     p.add_argument("--router-thresholds", default="",
                    help="with the router mode: also router@T arms at these learned-router bars (P(disagree) in [0, 1])")
-    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS + CHAT_WORKLOADS),
+                   help=f"comma list of {', '.join(ALL_WORKLOADS + CHAT_WORKLOADS)} (the last two are chat "
+                   "prompts rendered by --repo's chat template; left out, with a note, without --repo)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="2 prompts per workload, one route threshold")
     size.add_argument("--full", action="store_true", help="all 164 HumanEval problems")
@@ -172,6 +177,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-modes", default="heavy,verify,route")
     p.add_argument("--load-max-tokens", type=int, default=32)
     p.add_argument("--load-window", type=int, default=None, help="requests per perf_analyzer window")
+    p.add_argument("--aiperf-url", default="", help="also run the AIPerf chat sweep against this running "
+                   "OpenAI front (http://HOST:PORT of `tokenrouter serve --openai-port`)")
+    p.add_argument("--aiperf-only", action="store_true", help="only the AIPerf sweep (no single-stream arms)")
+    p.add_argument("--aiperf-concurrency", default=",".join(map(str, aiperf_sweep.DEFAULT_CONCURRENCY)))
+    p.add_argument("--aiperf-modes", default=",".join(aiperf_sweep.DEFAULT_MODES))
+    p.add_argument("--aiperf-per-stream", type=int, default=aiperf_sweep.DEFAULT_PER_STREAM,
+                   help="requests per stream at each point (default %(default)s)")
+    p.add_argument("--aiperf-slo", default=aiperf_sweep.DEFAULT_SLO,
+                   help="goodput SLO, AIPerf --goodput 'KEY:MS ...' (default '%(default)s')")
+    p.add_argument("--aiperf-tokenizer", type=Path, default=None,
+                   help="tokenizer folder for AIPerf (default: --repo's preprocessing/1/tokenizer)")
     p.add_argument("--out", type=Path, default=Path("bench_out"))
 
 
@@ -203,9 +219,51 @@ def _scorer_and_tokenizer(args, peers):
     return load_scoring(peers, args.repo, want_nll=not args.no_nll)
 
 
+def bench_prompts(args, log=print) -> list[Prompt]:
+    """The run's prompts: the plain workloads, then the chat ones rendered by --repo's template."""
+    names = _csv(args.workloads)
+    plain, chat = [n for n in names if n not in CHAT_WORKLOADS], [n for n in names if n in CHAT_WORKLOADS]
+    prompts = load_workloads(plain, quick=args.quick, full=args.full, per_workload=args.per_workload) if plain else []
+    if chat and args.repo is None:
+        log(f"workloads {', '.join(chat)} left out: their chat prompts need --repo (the chat template)")
+    elif chat:
+        from .traffic import repo_tokenizer
+
+        cap = QUICK_PER_WORKLOAD if args.quick else args.per_workload
+        short = short_answer_prompts(chat_renderer(args.repo), tokenizer=repo_tokenizer(args.repo),
+                                     rag=SHORT_RAG in chat)
+        for name in chat:
+            mine = [p for p in short if p.workload == name]
+            prompts += mine[:cap] if cap else mine
+    return prompts
+
+
+def chat_renderer(repo: Path):
+    """The exported tokenizer's chat template: messages -> prompt text (as the OpenAI front renders)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(repo) / "preprocessing" / "1" / "tokenizer"))
+    if not getattr(tokenizer, "chat_template", None):
+        raise SystemExit(f"workloads {', '.join(CHAT_WORKLOADS)}: {repo}'s tokenizer has no chat template")
+    return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def run_aiperf(args, log) -> list[dict]:
+    tokenizer = args.aiperf_tokenizer or (args.repo / "preprocessing" / "1" / "tokenizer" if args.repo else None)
+    if tokenizer is None:
+        raise SystemExit("--aiperf-url: AIPerf needs the tokenizer: give --repo or --aiperf-tokenizer")
+    config = aiperf_sweep.SweepConfig(args.aiperf_url, Path(tokenizer), tuple(_csv(args.aiperf_modes)),
+                                      tuple(int(c) for c in _csv(args.aiperf_concurrency)), args.aiperf_per_stream,
+                                      args.aiperf_slo)
+    return aiperf_sweep.sweep(config, args.out / "aiperf", log)
+
+
 def execute(args, url: str | None, log=print) -> dict:
-    prompts = load_workloads(_csv(args.workloads), quick=args.quick, full=args.full,
-                             per_workload=args.per_workload)
+    if args.aiperf_only:
+        if not args.aiperf_url:
+            raise SystemExit("--aiperf-only needs --aiperf-url")
+        return {"config": {"command": portable_command(sys.argv)}, "aiperf": run_aiperf(args, log)}
+    prompts = bench_prompts(args, log)
     peers = _load_peers(args, log)
     peer_arms = tuple(_csv(args.peer_arms)) if (peers and args.peer_arms) else (peers.arms() if peers else ())
     arms = make_arms(_csv(args.modes) if url else [], _thresholds(args), peer_arms,
@@ -229,6 +287,8 @@ def execute(args, url: str | None, log=print) -> dict:
     results = build_results(config, records, {p.id: p for p in prompts}, tokenizer, scorer, wall)
     if args.load_concurrency and url:
         results["load"] = run_load(args, url, prompts, log)
+    if args.aiperf_url:
+        results["aiperf"] = run_aiperf(args, log)
     return results
 
 
@@ -250,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    if args.url or not args.repo:
+    if args.url or not args.repo or args.aiperf_only:  # the AIPerf sweep talks to a running OpenAI front
         results = execute(args, args.url, log)
     else:
         import signal

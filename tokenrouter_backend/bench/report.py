@@ -42,8 +42,20 @@ def _row(arm: str, s: dict) -> list[str]:
             "–" if he is None else f"{he:.0%} ({s['humaneval_n']})"]
 
 
+def aiperf_section(results: dict) -> list[str]:
+    """The AIPerf chat sweep's table (``aiperf_sweep``), if the run had one."""
+    if not results.get("aiperf"):
+        return []
+    from .aiperf_table import markdown as aiperf_markdown
+
+    return ["## AIPerf chat sweep (OpenAI front, streaming; ratios to heavy-only at the same concurrency)", "",
+            aiperf_markdown(results["aiperf"]), ""]
+
+
 def markdown(results: dict) -> str:
     cfg = results["config"]
+    if "summary" not in results:  # --aiperf-only
+        return "\n".join(["# TokenRouter bench — AIPerf chat sweep", "", *aiperf_section(results)]) + "\n"
     lines = [f"# TokenRouter bench — {len(cfg['prompts'])} prompts, max_tokens {cfg['max_tokens']}, "
              f"repeats {cfg['repeats']}", "",
              f"Machine: {results['machine'].get('cpu', '?')}, {results['machine'].get('cpus')} CPUs. "
@@ -66,6 +78,7 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {p['mode']} | {p['concurrency']} | {p['throughput_rps']:.3f} | "
                              f"{p['tokens_per_s']:.2f} | {p['p50_latency_ms']:.0f} | {p['p99_latency_ms']:.0f} |")
         lines.append("")
+    lines += aiperf_section(results)
     errors = [r for r in results["records"] if r["error"]]
     if errors:
         lines += ["## Errors", ""] + [f"- {r['arm']} {r['prompt_id']}: {r['error'][:200]}" for r in errors[:20]]
@@ -77,7 +90,7 @@ def plot_frontier(results: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = results["summary"].get("all", {})
+    summary = results.get("summary", {}).get("all", {})
     pts = {a: s for a, s in summary.items() if s.get("speedup", {}).get(SPEED_BASELINE) and a != SPEED_BASELINE}
     if not pts:
         return False

@@ -21,6 +21,7 @@ from tokenrouter_backend.core.loop.hooks import Action, BlockPlan, BlockRecord
 from tokenrouter_backend.core.loop.stats import RequestStats
 from tokenrouter_backend.core.protocol.names import HEAVY, LIGHT, Mode, Schedule
 from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults, RouterParams, dataclass_from_config
+from tokenrouter_backend.core.signals.answer_length import AnswerLengths, LengthSignal
 from tokenrouter_backend.core.signals.cost_model import BranchCosts, CostConfig, LightEstimate, with_prior
 from tokenrouter_backend.core.signals.prompt_segments import TokenSurprise
 from tokenrouter_backend.operations.ab import (
@@ -106,6 +107,7 @@ class Operations:
         self.overload = dataclass_from_config(OverloadConfig, parameters, "overload_")
         self.request_policy = dataclass_from_config(RequestPolicyConfig, parameters, "request_").check()
         self.costs = BranchCosts(self.cost_config)  # the router's branches feed its curves
+        self.lengths = AnswerLengths()  # recent answer lengths: the light decision's expected rest of an answer
         self.conservative = ConservativeStart(dataclass_from_config(ConservativeConfig, parameters, "conservative_"),
                                               defaults.confidence_threshold)
         self.override = OverrideWatcher(c.override_file, c.override_check_ms, warn=warn) if c.override_file else None
@@ -137,7 +139,8 @@ class Operations:
         hooks = None
         if (log or quantile > 0 or self.load_config.control or self.conservative.config.start
                 or self.cost_config.model or self.overload.degradation):
-            hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt))
+            hooks = RequestHooks(self, log, DynamicThreshold(self.dynamic_config, quantile), len(info.prompt),
+                                 signal=LengthSignal.of(info.prompt, params.max_tokens))
         # the decision log tells requests apart (train-router splits by request): id-less ones get one
         return Admission(params, arm, info.request_id or next(self._anonymous), hooks)
 
@@ -168,6 +171,8 @@ class Operations:
             self.costs.observe_verdicts(accepted, rejected)
 
     def finish(self, admission: Admission, stats: RequestStats) -> None:
+        if admission.hooks is not None and admission.hooks.signal is not None:
+            self.lengths.observe(admission.hooks.signal, stats.generated_tokens)
         if self.metrics is not None:
             self.metrics.submit(self._request_updates(admission, stats) + self._gauge_updates())
 
@@ -236,7 +241,10 @@ class RequestHooks:
     rejected: int = 0
     ngram_accepted: int = 0  # this request's n-gram draft verdicts
     ngram_rejected: int = 0
-    light: LightEstimate | None = None  # decided once, at the first planned block with known curves
+    signal: LengthSignal | None = None  # what predicts this answer's length (AnswerLengths)
+    light: LightEstimate | None = None  # the light decision: made at every block until the light model is in
+    generated: int = 0  # tokens of the answer so far (after the last block)
+    light_in: bool = False  # the light model has run for this request (its prefill is paid)
     route_stood: int = 0  # route: this request's drafts that stood unchecked
     route_unsure: int = 0  # and its route blocks that ended on an unsure draft
 
@@ -283,14 +291,8 @@ class RequestHooks:
             return plan  # curves not known yet: the block schedule decides
         p, a = plan.params, self.acceptance()
         stand = self.route_stand() if plan.mode == Mode.ROUTE else None
-        if self.light is None:
-            light_prompt = min(self.prompt_tokens, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
-                else self.prompt_tokens  # a windowed light model prefills sink + window at most
-            self.light = planner.light_estimate(light_prompt, p.max_tokens, a, p.max_block_size,
-                                                p.prefill_chunk_tokens, stand)
-            if not self.ops.costs.light_measured and planner.worth_exploring(
-                    light_prompt, p.max_tokens, p.prefill_chunk_tokens, self.ops.cost_config.explore_share):
-                self.light = dataclasses.replace(self.light, explore=True)
+        if not self.light_in:  # until the light model is in, every block asks again whether it pays
+            self.light = self._light_decision(planner, p, a, stand)
         if self.light.explore:  # measuring the light model: the block schedule decides, as before any curve
             return dataclasses.replace(plan, light_estimate=self.light)
         k = planner.best_draft(a, p.max_block_size, stand) if self.light.pays else 0
@@ -301,7 +303,29 @@ class RequestHooks:
         return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode, free_drafts=free,
                          light_estimate=self.light)
 
+    def _light_decision(self, planner, p: RouterParams, acceptance: float, stand: float | None) -> LightEstimate:
+        """Whether the light model pays for the rest of this answer: its prefill (the prompt and the
+        answer so far) against the saving over the expected rest (``AnswerLengths``, at most
+        ``max_tokens``); an unmeasured light model explores where its prefill is cheap against
+        ``max_tokens`` heavy-only steps."""
+        context = self.prompt_tokens + self.generated
+        light_prompt = min(context, p.light_kv_window + SINK_ALLOWANCE) if p.light_kv_window \
+            else context  # a windowed light model prefills sink + window at most
+        rest = self.ops.lengths.expected_remaining(self.signal, self.generated, p.max_tokens) \
+            if self.signal is not None else float(max(0, p.max_tokens - self.generated))
+        estimate = planner.light_estimate(light_prompt, rest, acceptance, p.max_block_size,
+                                          p.prefill_chunk_tokens, stand)
+        # exploring measures the light model for the whole server: sized on max_tokens as ever, not
+        # on the learned rest (a server of short answers would otherwise never measure it)
+        horizon = max(0, p.max_tokens - self.generated)
+        if not self.ops.costs.light_measured and planner.worth_exploring(
+                light_prompt, horizon, p.prefill_chunk_tokens, self.ops.cost_config.explore_share):
+            estimate = dataclasses.replace(estimate, explore=True)
+        return estimate
+
     def after_block(self, record: BlockRecord) -> None:
+        self.generated = record.position + record.committed
+        self.light_in = self.light_in or record.light_ms > 0
         accepted, rejected = verdict_counts(record)
         self.accepted += accepted
         self.rejected += rejected

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import time
 import traceback
 from pathlib import Path
 
@@ -191,13 +192,15 @@ class RouterModel:
             info = request_info(inputs)
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these
             # before any branch work (the perplexity below is light work); a client that cancels leaves the queue
+            queued = time.perf_counter()
             await self.gate.enter(tokens, sender.is_cancelled)
             held = tokens
+            queued_ms = (time.perf_counter() - queued) * 1e3
             info, surprise = await self._request_level(info, gen_request.cache_salt)
             admission = self.ops.admit(info, gen_request.params)
             mode, arm = admission.params.mode, admission.arm
             gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(inputs),
-                                              prompt_surprise=surprise)
+                                              prompt_surprise=surprise, queued_ms=queued_ms)
             show = bool(inputs.show_routing) and self.decode is not None
             writer = ResponseWriter(pb, sender, gen_request.params.stream, self.decode if show else None)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,

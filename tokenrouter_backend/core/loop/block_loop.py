@@ -81,10 +81,11 @@ class BlockLoop:
         """The plan's knobs for this block, and what it decided into the request's stats."""
         s, stats = self.state, self.state.stats
         s.params, s.block, s.free_drafts = plan.params, plan.block, plan.free_drafts
-        if plan.light_estimate is not None and not stats.light_plan_prefill_ms:
+        if plan.light_estimate is not None:  # the latest decision: it is made again until the light model is in
             e = plan.light_estimate
             stats.light_plan_saving_ms, stats.light_plan_prefill_ms = e.saving_ms, e.prefill_ms
             stats.light_plan_acceptance, stats.light_plan_explored = e.acceptance, e.explore
+            stats.light_plan_rest = e.rest
         if plan.degraded:
             stats.degraded_blocks += 1
             t = plan.params.confidence_threshold
@@ -112,6 +113,9 @@ class BlockLoop:
         s.light_skipped = mode in (Mode.VERIFY, Mode.ROUTE) and not st.light.opened
         s.total_ms = (time.perf_counter() - started) * 1e3
         s.router_overhead_ms = max(0.0, s.total_ms - s.light_ms - s.heavy_ms)
+        s.queue_ms = st.request.queued_ms
+        s.heavy_first_ms, s.light_first_ms = st.heavy.first_step_ms, st.light.first_step_ms
+        s.light_start_ms = (st.light.opened_at - started) * 1e3 if st.light.opened else 0.0
         return s
 
     async def release(self) -> None:
@@ -156,7 +160,9 @@ async def generate(
             if new:
                 if not loop.state.stats.first_token_ms:
                     loop.state.stats.first_token_ms = (time.perf_counter() - started) * 1e3
+                t0 = time.perf_counter()
                 await _maybe_await(emit(new, loop.state.stats, False))
+                loop.state.stats.emit_ms += (time.perf_counter() - t0) * 1e3
         new = loop.advance_final()
         stats = loop.finish_stats(started)
         if not stats.first_token_ms:

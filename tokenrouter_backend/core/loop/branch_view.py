@@ -67,6 +67,8 @@ class BranchView:
         self.cache_salt = cache_salt  # sent with a call at keep_len 0: it names the session's prefix blocks
         self.cache: list[int] = []  # exactly the tokens in the branch's session
         self.opened = False
+        self.opened_at = 0.0  # perf_counter() when the session's first step began (0: never)
+        self.first_step_ms = 0.0  # that step's wall time: the prompt's prefill and the first scored position
 
     def synced_len(self, tokens: list[int]) -> int:
         """Cached tokens still valid: common prefix with ``tokens``, leaving >= 1 to send."""
@@ -85,6 +87,9 @@ class BranchView:
         only the last one, which chooses the next token)."""
         seq = list(tokens) + [int(t) for t in extra]
         keep = self.synced_len(tokens)
+        first = not self.opened
+        if first:
+            self.opened_at = time.perf_counter()
         try:
             out = await self._send(seq, keep, score_from, op_fields)
         except SessionMissing:
@@ -93,6 +98,8 @@ class BranchView:
             self.stats.reprefill_tokens += keep
             self.cache = []
             out = await self._send(seq, 0, score_from, op_fields)
+        if first:
+            self.first_step_ms = (time.perf_counter() - self.opened_at) * 1e3
         self.cache = seq + [int(t) for t in out.drafts[:-1]]
         return out
 

@@ -37,6 +37,7 @@ class GenerationRequest:
     route_gate: RouteGate | None = None  # critical classes / learned router; None = default policy
     prompt_surprise: PromptSurprise | None = None  # measured for request-level routing (reported in stats)
     cache_salt: str = ""  # the tenant whose answer cache and KV prefix blocks it may share ("" = salt-less)
+    queued_ms: float = 0.0  # waited for admission before the loop began (reported in stats)
 
     @property
     def stop(self) -> StopCriteria:

@@ -33,6 +33,12 @@ class RequestStats:
     heavy_forward_ms: float = 0.0
     router_overhead_ms: float = 0.0  # total - time awaiting branches
     first_token_ms: float = 0.0
+    queue_ms: float = 0.0  # phases: waiting for admission (KV budget, concurrency cap) before the loop began
+    heavy_first_ms: float = 0.0  # the heavy session's first step: the prompt's prefill (+ drafts it checked)
+    light_first_ms: float = 0.0  # the light session's first step: its prefill + first drafts (0 = never opened)
+    light_start_ms: float = 0.0  # when that step began, from the loop's start (0 = never)
+    vouch_ms: float = 0.0  # route: heavy forwards that vouched for the answer's unchecked ending
+    emit_ms: float = 0.0  # awaiting the response sender (detokenization runs in postprocessing)
     total_ms: float = 0.0
     finish_reason: str = ""
     stop_trim_chars: int = 0  # characters of the last kept tokens' text a stop string began in
@@ -40,8 +46,9 @@ class RequestStats:
     reprefill_tokens: int = 0  # cached tokens those rebuilds had to send again
     heavy_only_blocks: int = 0  # verify/route blocks the cost model ran on the heavy model alone
     light_skipped: bool = False  # the cost model kept the light model out of this request
-    light_plan_saving_ms: float = 0.0  # cost model, once per request: what drafting would save
+    light_plan_saving_ms: float = 0.0  # cost model, at each block until the light model is in: what drafting would save
     light_plan_prefill_ms: float = 0.0  # against what the light prefill would cost (0 = not planned)
+    light_plan_rest: float = 0.0  # over this many expected tokens still to come (recent answers' lengths)
     light_plan_acceptance: float = 0.0  # the per-token acceptance it assumed
     light_plan_explored: bool = False  # the light model was not measured yet: this request ran the block schedule
     degraded_blocks: int = 0  # route blocks run with the overload-lowered threshold (allow_degradation)

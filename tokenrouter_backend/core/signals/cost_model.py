@@ -20,19 +20,25 @@ and, with per-token acceptance a, the block commits E(k) = (1 - a^(k+1)) / (1 - 
 tokens (the accepted drafts and the heavy model's own next token). ``k = 0`` is a
 heavy-only step: cost(0) = H.fixed / B_heavy + H.per_token, E(0) = 1. The planner picks
 the k in 0..max_block with the most tokens per millisecond (ties go to the smaller k),
-so verify is never planned slower than heavy-only. For a whole request it also asks
-whether the light model pays at all: its prefill (``L`` over the prompt) against the
-time speculation saves over ``max_tokens`` tokens; when the saving is smaller, the
-request runs heavy-only steps from the start and the light model never sees it.
+so verify is never planned slower than heavy-only. Before the light model is in, it also
+asks whether the light model pays at all: its prefill (``L`` over the prompt and the answer
+so far) against the time speculation saves over the expected rest of the answer (recent
+answers' lengths, ``answer_length.AnswerLengths``; ``max_tokens`` until they say otherwise).
+When the saving is smaller, the block runs heavy-only steps and the question is asked again
+at the next block (an answer that runs long brings the light model in late); once the light
+model has run its prefill is paid, and each block's draft length alone decides.
 
 That decision rests on the light curve and the acceptance, which only the light model's own
 steps and verdicts measure: a server whose first requests all ran heavy-only steps would
 keep its priors (``light_ratio``, ``prior_acceptance``) for good and never learn that
 drafting pays. So until the light model is measured (its curve fitted and ``prior_weight``
-verdicts in), a request whose light prefill is cheap — priced at the heavy model's own
-curve, at most ``explore_share`` of the request's heavy-only time — explores: it runs the
-block schedule, and its light steps and verdicts fit the curve and the acceptance. Long
+verdicts in), a request whose light prefill is cheap — priced at the light prior, at most
+``explore_share`` of the request's heavy-only time over ``max_tokens`` — explores: it runs
+the block schedule, and its light steps and verdicts fit the curve and the acceptance. Long
 prompts never explore, so a fresh server's first long prompts still weigh the prefill.
+(Priced at the heavy curve instead, a 90-token chat prompt never explored on the demo pair:
+its prefill exceeded a quarter of 48 heavy-only steps, the light model was never measured,
+and verify ran heavy-only steps for the server's life — AIPerf, measured.)
 
 Drafts that cost nothing to make — n-gram lookups in the prompt and the answer, the
 decision cache — are planned on the heavy curve alone: d of them cost
@@ -336,27 +342,28 @@ class Planner:
         k = self.best_draft(acceptance, max_block, route_stand)
         saved_per_token = 0.0 if k == 0 else \
             1.0 / self.tokens_per_ms(0, acceptance) - 1.0 / self.draft_rate(k, acceptance, route_stand)
-        return LightEstimate(new_tokens * saved_per_token, prefill, acceptance, k)
+        return LightEstimate(new_tokens * saved_per_token, prefill, acceptance, k, rest=float(new_tokens))
 
     def worth_exploring(self, prompt_tokens: int, new_tokens: int, chunk: int, share: float) -> bool:
         """Whether a request may run the block schedule to measure the light model: its light
-        prefill, priced at the heavy curve (a light model costs less), is at most ``share``
-        of the request's heavy-only time."""
+        prefill, priced at the light curve (until fitted: the heavy one times ``light_ratio``), is
+        at most ``share`` of the request's heavy-only time."""
         calls = -(-prompt_tokens // max(1, chunk))
-        prefill = calls * self.heavy.fixed + self.heavy.per_token * prompt_tokens
+        prefill = calls * self.light.fixed + self.light.per_token * prompt_tokens
         return prefill <= share * new_tokens * self.block_ms(0)
 
 
 @dataclass(frozen=True)
 class LightEstimate:
-    """The once-per-request decision whether to involve the light model (routing_stats
-    ``light_plan_*``): expected saving against the light prefill, in ms."""
+    """The decision whether to involve the light model, made at every block until it is in
+    (routing_stats ``light_plan_*``): expected saving against the light prefill, in ms."""
 
     saving_ms: float  # heavy time drafting saves over the request's max_tokens
     prefill_ms: float  # the light prefill it would pay first
     acceptance: float  # the per-token acceptance assumed
     block: int  # the draft length the saving was computed at (0: drafting never pays)
     explore: bool = False  # the light model is not measured yet: the block schedule runs to measure it
+    rest: float = 0.0  # the expected tokens still to come the saving was computed over
 
     @property
     def pays(self) -> bool:

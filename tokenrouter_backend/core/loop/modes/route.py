@@ -13,6 +13,8 @@ where it is not (BiLD-style fallback and rollback), and vouches for the answer's
 """
 from __future__ import annotations
 
+import time
+
 from tokenrouter_backend.core.loop.block_notes import BlockNote
 from tokenrouter_backend.core.loop.block_size import next_block_size
 from tokenrouter_backend.core.loop.drafts import Drafts, DraftSource
@@ -36,7 +38,9 @@ class Route(Drafting):
 
     async def after_block(self, state: RequestState) -> None:
         while state.transcript.needs_vouching:
+            t0 = time.perf_counter()
             await vouch_end(state)
+            state.stats.vouch_ms += (time.perf_counter() - t0) * 1e3
             state.transcript.end_at_length(state.params.max_tokens)
 
     async def heavy_block(self, state: RequestState) -> None:
