@@ -297,8 +297,7 @@ class RequestHooks:
             return dataclasses.replace(plan, light_estimate=self.light)
         k = planner.best_draft(a, p.max_block_size, stand) if self.light.pays else 0
         copies = p.ngram.enabled or (k == 0 and p.ngram.heavy_steps)  # route: in heavy-only steps only
-        free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft,
-                                       beside=p.block_size if k == 0 else 1) if copies else 0
+        free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if copies else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
             return BlockPlan(p, p.block_size, Mode.HEAVY, free_drafts=free, light_estimate=self.light)
         return BlockPlan(p, min(k, plan.block) if self.ops.load_config.control else k, plan.mode, free_drafts=free,

@@ -36,6 +36,9 @@ verdicts in), a request whose light prefill is cheap — priced at the light pri
 ``explore_share`` of the request's heavy-only time over ``max_tokens`` — explores: it runs
 the block schedule, and its light steps and verdicts fit the curve and the acceptance. Long
 prompts never explore, so a fresh server's first long prompts still weigh the prefill.
+(Priced at the heavy curve instead, a 90-token chat prompt never explored on the demo pair:
+its prefill exceeded a quarter of 48 heavy-only steps, the light model was never measured,
+and verify ran heavy-only steps for the server's life — AIPerf, measured.)
 
 Drafts that cost nothing to make — n-gram lookups in the prompt and the answer, the
 decision cache — are planned on the heavy curve alone: d of them cost
@@ -43,9 +46,6 @@ H.fixed / B_heavy + H.per_token * (d + 1) and commit E(d) at their own acceptanc
 (server-wide n-gram verdicts, prior ``ngram_prior_acceptance``). When the light model is
 left out (k = 0), such drafts still go to the heavy model whenever this says they pay,
 so a long retrieved prompt whose answer quotes it gets copied tokens at heavy-only cost.
-Under concurrency a check in a heavy-only step returns when the heavy execute it shares
-with the other requests' blocks does (``block_size`` forwards), so there it must commit
-more than those forwards would (``best_free_block``'s ``beside``).
 
 Route commits the light model's confident drafts unchecked, so its blocks are planned on
 their own terms. With s the chance that a draft stands unchecked given the ones before it
@@ -265,9 +265,6 @@ class BranchCosts:
         return Planner(h, light, self.heavy.batch, light_batch)
 
 
-SHARED_BATCH = 1.5  # a heavy mean batch above this: a request's call shares executes with others'
-
-
 def expected_tokens(k: int, acceptance: float) -> float:
     """Tokens a block of k drafts commits with per-token acceptance ``acceptance``."""
     a = min(max(acceptance, 0.0), 0.999)
@@ -329,16 +326,11 @@ class Planner:
         (n-gram / decision-cache drafts: no light forward)."""
         return self.heavy.fixed / self.heavy_batch + self.heavy.per_token * (k + 1)
 
-    def best_free_block(self, acceptance: float, max_block: int, beside: int = 1) -> int:
+    def best_free_block(self, acceptance: float, max_block: int) -> int:
         """The number of free drafts (n-gram) in 0..max_block worth one heavy check: on a
         compute-bound heavy every scored draft costs a generated token's share, on a
-        memory-bound one drafts are nearly free. A check is one forward, but it returns when
-        the heavy execute it shares with other requests (mean batch above ``SHARED_BATCH``)
-        does: beside heavy-only calls of ``beside`` forwards it must commit more than that."""
-        h0 = self.heavy_check_ms(0)
-        held = beside * h0 if self.heavy_batch > SHARED_BATCH else 0.0
-        rates = [1.0 / h0] + [expected_tokens(k, acceptance) / max(self.heavy_check_ms(k), held)
-                              for k in range(1, max_block + 1)]
+        memory-bound one drafts are nearly free."""
+        rates = [expected_tokens(k, acceptance) / self.heavy_check_ms(k) for k in range(max_block + 1)]
         return int(np.argmax(rates))
 
     def light_estimate(self, prompt_tokens: int, new_tokens: int, acceptance: float, max_block: int,
