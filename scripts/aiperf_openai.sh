@@ -24,11 +24,13 @@ for c in ${CONCURRENCIES:-1 4 8}; do
     echo "== aiperf: mode $mode, concurrency $c"
     # server token counts: re-tokenizing the answer text can count fewer tokens than were generated;
     # answer_cache false: every mode gets the same synthetic prompts (--random-seed), and a later mode
-    # must not draft an earlier one's answers
+    # must not draft an earlier one's answers; a cache salt per point keeps the prefix cache from
+    # handing one mode another's prompt KV
     "$AIPERF" profile --model tokenrouter --url "$URL" --endpoint-type chat --streaming \
       --concurrency "$c" --request-rate 20 --arrival-pattern constant --request-count $((c * ${REQUESTS_PER_STREAM:-6})) --warmup-request-count 2 \
       --isl "${ISL:-64}" --osl "${OSL:-48}" --random-seed 1 --tokenizer "$TOKENIZER" \
-      --use-server-token-count --extra-inputs "router_mode:$mode" --extra-inputs "answer_cache:false" --ui none \
+      --use-server-token-count --extra-inputs "router_mode:$mode" --extra-inputs "answer_cache:false" \
+      --extra-inputs "cache_salt:aiperf-$mode-c$c" --ui none \
       --artifact-dir "$OUT/$mode-c$c" >"$OUT/$mode-c$c.log" 2>&1 || { tail -20 "$OUT/$mode-c$c.log"; exit 1; }
   done
   i=$((i + 1))
