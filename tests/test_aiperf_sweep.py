@@ -94,3 +94,22 @@ def test_short_answer_prompts_are_chat_renders_with_and_without_context():
     assert all("# ---- retrieved:" in p.text and len(p.text) > 1000 for p in rag)
     assert all("# ---- retrieved:" not in p.text for p in short)
     assert not [p for p in short_answer_prompts(render, rag=False) if p.workload == SHORT_RAG]
+
+
+def test_the_bench_asks_for_a_chat_template_for_the_short_answer_workloads(monkeypatch, tmp_path):
+    import argparse
+
+    from tokenrouter_backend.bench import bench
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--workloads", "code,short", "--per-workload", "3"])
+    with pytest.raises(SystemExit, match="need --repo"):
+        bench.bench_prompts(args, lambda m: None)
+    monkeypatch.setattr(bench, "chat_renderer", lambda repo: lambda messages: messages[-1]["content"])
+    monkeypatch.setattr("tokenrouter_backend.bench.traffic.repo_tokenizer", lambda repo: None)
+    args = p.parse_args(["--workloads", "code,short", "--per-workload", "3", "--repo", str(tmp_path)])
+    prompts = bench.bench_prompts(args, lambda m: None)
+    assert [p.workload for p in prompts] == ["code"] * 3 + [SHORT] * 3
+    assert prompts[3].text == QUESTIONS[0]
+    assert SHORT not in p.parse_args([]).workloads  # asked for by name only

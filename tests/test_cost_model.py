@@ -476,3 +476,19 @@ def test_a_light_branch_with_lone_steps_is_planned_at_batch_one():
     assert lone.light.lone_steps and not shared.light.lone_steps
     assert lone.planner().light_batch == 1.0 and shared.planner().light_batch > 7
     assert lone.planner().block_ms(4) > shared.planner().block_ms(4)
+
+
+def test_a_light_model_in_before_the_curves_were_known_drafts_on():
+    """Blocks planned before the heavy curve was fitted run the block schedule (the light model
+    comes in); once the curves are known the plan has a light decision and keeps drafting
+    where the draft length pays, the prefill being paid."""
+    from tokenrouter_backend.core.protocol.names import Mode
+
+    ops = _ops()
+    info, params = _admission(prompt_len=40)
+    hooks = ops.admit(info, params).hooks
+    assert hooks.plan(params, 4).mode == Mode.VERIFY and hooks.light is None  # no curve yet
+    hooks.after_block(_record(0, 3, light_ms=50.0))  # the light model ran
+    _teach(ops.costs, Curve(25.0, 0.01), Curve(4.0, 0.005), batch=1)  # a GPU-like pair: drafting pays
+    plan = hooks.plan(params, 4)
+    assert hooks.light is not None and plan.mode == Mode.VERIFY and plan.block >= 1

@@ -163,9 +163,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", default=None, help=f"route thresholds (default {DEFAULT_THRESHOLDS})")
     p.add_argument("--router-thresholds", default="",
                    help="with the router mode: also router@T arms at these learned-router bars (P(disagree) in [0, 1])")
-    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS + CHAT_WORKLOADS),
-                   help=f"comma list of {', '.join(ALL_WORKLOADS + CHAT_WORKLOADS)} (the last two are chat "
-                   "prompts rendered by --repo's chat template; left out, with a note, without --repo)")
+    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS),
+                   help=f"comma list of {', '.join(ALL_WORKLOADS + CHAT_WORKLOADS)} (default: the first four; "
+                   f"{' and '.join(CHAT_WORKLOADS)} are chat prompts rendered by --repo's chat template)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="2 prompts per workload, one route threshold")
     size.add_argument("--full", action="store_true", help="all 164 HumanEval problems")
@@ -225,8 +225,8 @@ def bench_prompts(args, log=print) -> list[Prompt]:
     plain, chat = [n for n in names if n not in CHAT_WORKLOADS], [n for n in names if n in CHAT_WORKLOADS]
     prompts = load_workloads(plain, quick=args.quick, full=args.full, per_workload=args.per_workload) if plain else []
     if chat and args.repo is None:
-        log(f"workloads {', '.join(chat)} left out: their chat prompts need --repo (the chat template)")
-    elif chat:
+        raise SystemExit(f"workloads {', '.join(chat)}: their chat prompts need --repo (the chat template)")
+    if chat:
         from .traffic import repo_tokenizer
 
         cap = QUICK_PER_WORKLOAD if args.quick else args.per_workload

@@ -291,11 +291,13 @@ class RequestHooks:
             return plan  # curves not known yet: the block schedule decides
         p, a = plan.params, self.acceptance()
         stand = self.route_stand() if plan.mode == Mode.ROUTE else None
-        if not self.light_in:  # until the light model is in, every block asks again whether it pays
+        if not self.light_in or self.light is None:  # until the light model is in, every block asks again
             self.light = self._light_decision(planner, p, a, stand)
         if self.light.explore:  # measuring the light model: the block schedule decides, as before any curve
             return dataclasses.replace(plan, light_estimate=self.light)
-        k = planner.best_draft(a, p.max_block_size, stand) if self.light.pays else 0
+        # once in (its prefill paid, maybe by blocks planned before the curves were known), drafting
+        # goes on while the draft length pays
+        k = planner.best_draft(a, p.max_block_size, stand) if self.light.pays or self.light_in else 0
         copies = p.ngram.enabled or (k == 0 and p.ngram.heavy_steps)  # route: in heavy-only steps only
         free = planner.best_free_block(self.ngram_acceptance(), p.ngram.max_draft) if copies else 0
         if k == 0:  # heavy-only steps, a block per call as in heavy mode (its draft steps batch in the engine)
