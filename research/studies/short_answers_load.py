@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def render_with(repo: Path):
 
 def run_point(url, prompts, mode, c, per_stream, max_tokens):
     jobs = [prompts[i % len(prompts)] for i in range(c * per_stream)]
-    out, lock = [], __import__("threading").Lock()
+    out, lock = [], threading.Lock()
     it = iter(jobs)
 
     def stream():
