@@ -4,6 +4,9 @@ still learns that drafting pays — the cost model explores the unmeasured light
 The private copy's router prices the light model at 4 heavy forwards until it is measured
 (``cost_light_ratio`` 4), so the priors alone would keep every verify request heavy-only for
 the server's life; ``cost_min_samples`` is small so a few heavy requests fit the heavy curve.
+``cost_explore_share`` is 1: whether a 4-forward prefill of a few tokens is under a quarter of
+32 heavy steps depends on how the fitted curve splits fixed and per-token cost, which a busy
+machine moves (a CI run failed on it); under all of them it is the point of this test.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ NO_REUSE = {"answer_cache": False, "ngram_drafts": False}  # drafts from the lig
 def repository(tmp_path_factory, tiny_repository) -> Path:
     out = tmp_path_factory.mktemp("explore_repo") / "repo"
     shutil.copytree(tiny_repository, out, symlinks=True)
-    set_router_params(out, cost_light_ratio="4.0", cost_min_samples="8")
+    set_router_params(out, cost_light_ratio="4.0", cost_min_samples="8", cost_explore_share="1.0")
     return out
 
 
@@ -56,7 +59,7 @@ def test_heavy_only_start_then_verify_explores_and_measures_the_light_model(repo
 
     first = triton_client.generate_http(url, PROMPTS[0], max_tokens=32, router_mode="verify", **NO_REUSE)
     s = first.stats
-    assert s["light_plan_explored"] and not s["light_skipped"]
+    assert s["light_plan_explored"] and not s["light_skipped"], s
     assert s["light_calls"] > 0 and s["drafts_proposed"] > 0  # the prior alone would have run heavy-only steps
     assert s["light_plan_saving_ms"] < s["light_plan_prefill_ms"]  # what the prior said
     assert first.text == heavy[PROMPTS[0]].text  # exploring is still verify: the heavy model's own answer
