@@ -86,7 +86,8 @@ class FakeBranch(Branch):
                 break
             seq.append(int(tokens[-1]))
             self.forwards += 1
-            pr = processed_probs(self.lm.logits(seq)[None], op.sampling)
+            rows.append(self.lm.logits(seq))
+            pr = processed_probs(rows[-1][None], op.sampling)
             tok = int(choose(pr, op.sampling, np.asarray([len(seq)]))[0])
             tokens.append(tok)
             p_list.append(float(pr[0, tok]))
@@ -95,12 +96,29 @@ class FakeBranch(Branch):
             drafted += 1
         self.sessions[op.session_id] = seq
         top2 = np.sort(np.stack(dists), axis=-1)[:, -2:]
+        logprob_fields = _raw_logprobs(np.stack(rows[cut:]), tokens, inputs[cut:], op.logprobs) \
+            if op.logprobs >= 0 else {}
         return BranchResult(
             tokens=np.asarray(tokens, np.int32), token_probs=np.asarray(p_list, np.float32),
             entropy=np.asarray(h_list, np.float32), input_probs=np.asarray(input_probs, np.float32),
             session_len=len(seq), dist=np.stack(dists) if op.return_dist else None,
             margin=(top2[:, 1] - top2[:, 0]).astype(np.float32) if self.margin else np.zeros(0, np.float32),
+            **logprob_fields,
         )
+
+
+def _raw_logprobs(rows: np.ndarray, tokens: list, inputs: list, k: int) -> dict:
+    """A fake branch's log-probability outputs (``BranchOp.logprobs``): the raw log-softmax."""
+    z = rows.astype(np.float64)
+    lsm = z - z.max(-1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(-1, keepdims=True))
+    r = np.arange(len(tokens))
+    out = {"token_logprobs": lsm[r, tokens].astype(np.float32),
+           "input_logprobs": np.asarray([lsm[i, inputs[i + 1]] for i in range(len(inputs) - 1)], np.float32)}
+    if k > 0:
+        top = np.argsort(-lsm, axis=-1, kind="stable")[:, :k]
+        out.update(top_ids=top.astype(np.int32), top_logprobs=np.take_along_axis(lsm, top, -1).astype(np.float32))
+    return out
 
 
 def make_pair(noise: float = 0.6):

@@ -40,7 +40,8 @@ from tokenrouter_backend.core.protocol.branch_protocol import (
 
 # outputs a branch of an older repository may lack (``result_from_arrays`` defaults them)
 OPTIONAL_OUTPUTS = frozenset(TENSOR_OUTPUTS[k] for k in ("dist", "forward_tokens", "forwards", "reused_tokens",
-                                                           "margin", "lone_steps"))
+                                                           "margin", "lone_steps", "token_logprobs",
+                                                           "input_logprobs", "top_ids", "top_logprobs"))
 
 log = logging.getLogger("tokenrouter.remote_branch")
 

@@ -14,14 +14,14 @@ from typing import Any, Callable
 import numpy as np
 
 MODEL = "tokenrouter"
-KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window")
+KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window", "top_log_probs")
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
                "router_threshold")
 KNOBS_STR = ("router_mode", "block_schedule", "cache_salt")
 INT_RANGES = {"INT32": (-(1 << 31), (1 << 31) - 1), "UINT64": (0, (1 << 64) - 1)}
 KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "light_copies", "answer_cache", "show_routing",
-              "learned_router")
+              "learned_router", "return_log_probs")
 
 
 @dataclass
@@ -32,6 +32,7 @@ class GenerationResult:
     latency_s: float
     chunks: list[str] = field(default_factory=list)
     chunk_times: list[float] = field(default_factory=list)  # seconds from the request to each chunk
+    logprobs: "LogprobsOut" = field(default_factory=lambda: LogprobsOut())  # return_log_probs: per answer token
 
     @property
     def inter_token_gaps(self) -> list[float]:
@@ -45,6 +46,31 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+
+@dataclass
+class LogprobsOut:
+    """The answer tokens' log-probability outputs, gathered over the responses."""
+
+    log_probs: list[float] = field(default_factory=list)
+    branches: list[str] = field(default_factory=list)  # "heavy" / "light": whose number each is
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # top_log_probs: per token, best first
+    cumulative: float | None = None
+
+    def add(self, get: Callable[[str], Any]) -> None:
+        """One response's outputs; ``get(name)`` -> a list / array or None."""
+        lps = get("output_log_probs")
+        if lps is None:
+            return
+        lps = [float(x) for x in np.asarray(lps, np.float32).reshape(-1)]
+        self.log_probs += lps
+        self.branches += [b.decode() if isinstance(b, bytes) else str(b)
+                          for b in np.asarray(get("output_log_prob_branches"), dtype=object).reshape(-1)]
+        ids, top = np.asarray(get("output_top_ids")), np.asarray(get("output_top_log_probs"), np.float32)
+        k = ids.size // len(lps) if lps else 0
+        ids, top = ids.reshape(len(lps), k), top.reshape(len(lps), k)
+        self.top += [list(zip(map(int, i), map(float, t))) for i, t in zip(ids, top)]
+        self.cumulative = float(np.asarray(get("cum_log_probs")).reshape(-1)[0])
 
 
 class GenerationError(RuntimeError):
@@ -73,8 +99,11 @@ def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float 
         if resp.status_code != 200:
             raise GenerationError(data.get("error", resp.text))
         latency = time.perf_counter() - start
-        return GenerationResult(data["text_output"], json.loads(data["routing_stats"]), latency, latency,
-                                [data["text_output"]])
+        result = GenerationResult(data["text_output"], json.loads(data["routing_stats"]), latency, latency,
+                                  [data["text_output"]])
+        result.logprobs.add(data.get)
+        return result
+    logprobs = LogprobsOut()
     chunks, stats, times = [], {}, []
     for line in resp.iter_lines():
         if not line or not line.startswith(b"data:"):
@@ -87,10 +116,11 @@ def generate_http(url: str, prompt: str, stream: bool = False, timeout_s: float 
         if on_chunk is not None:
             on_chunk(data["text_output"])
         stats = json.loads(data["routing_stats"])
+        logprobs.add(data.get)
     if resp.status_code != 200:
         raise GenerationError(resp.text)
     ttft = times[0] if times else 0.0
-    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks, times)
+    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks, times, logprobs)
 
 
 def grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
@@ -140,6 +170,7 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     start = time.perf_counter()
     chunks, stats, times = [], {}, []
+    logprobs = LogprobsOut()
     try:
         client.async_stream_infer(MODEL, grpc_inputs(grpcclient, prompt, stream, knobs),
                                   enable_empty_final_response=True)
@@ -153,6 +184,7 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
                 times.append(time.perf_counter() - start)
                 chunks.append(out.reshape(-1)[0].decode("utf-8"))
                 stats = json.loads(result.as_numpy("routing_stats").reshape(-1)[0])
+                logprobs.add(result.as_numpy)
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 break
@@ -161,4 +193,4 @@ def generate_grpc(url: str, prompt: str, stream: bool = True, timeout_s: float =
         if own:
             client.close()
     ttft = times[0] if times else 0.0
-    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks, times)
+    return GenerationResult("".join(chunks), stats, ttft, time.perf_counter() - start, chunks, times, logprobs)

@@ -202,6 +202,10 @@ class BranchEngine:
                 inner = where < len(ids) - 1  # the last input has no next input to score
                 w.input_probs.append((weights[np.nonzero(inner)[0], ids[where[inner] + 1]]
                                       * scale[inner]).astype(np.float32))
+                if w.op.logprobs >= 0:
+                    inner_rows = np.nonzero(inner)[0]
+                    w.input_logprobs.append((logits[row, inner_rows, ids[where[inner] + 1]]
+                                             - w.last_norm[inner_rows]).astype(np.float32))
             w.fed += size
             w.batch_size = w.batch_size or len(group)
 

@@ -34,6 +34,11 @@ class OpWork:
     margins: list = field(default_factory=list)  # top-1 minus top-2 probability per row
     dists: list = field(default_factory=list)
     input_probs: list = field(default_factory=list)  # per scored chunk: float32 [rows]
+    logprobs: list = field(default_factory=list)  # op.logprobs >= 0: raw log-prob of each row's token
+    input_logprobs: list = field(default_factory=list)  # and of each scored input's next input
+    top_ids: list = field(default_factory=list)  # op.logprobs > 0: [rows, k] per chunk / draft step
+    top_logprobs: list = field(default_factory=list)
+    last_norm: object = None  # the last scored rows' log-normalizers (raw log-softmax offsets)
     drafted: int = 0
     forward_ms: float = 0.0
     forward_tokens: int = 0  # padded tokens of the forwards this op took part in

@@ -2,8 +2,9 @@
 
 ``score_rows`` chooses a token per row of logits (greedy, or sampled at each row's sequence
 position) and records on the op in flight its probability, the entropy, the top-1 minus
-top-2 margin (``top_margin``) and, when asked, the distribution. Greedy rows take one exp
-pass over the vocabulary (``greedy_rows``), never a full normalized softmax. ``op_result``
+top-2 margin (``top_margin``) and, when asked, the distribution and the raw log-probabilities
+(``raw_logprobs``: log-softmax of the logits, the chosen token's and the top k). Greedy rows
+take one exp pass over the vocabulary (``greedy_rows``), never a full normalized softmax. ``op_result``
 assembles an op's scores into its ``BranchResult``; ``empty_result`` answers a release.
 Framework-free (numpy).
 """
@@ -17,7 +18,8 @@ from tokenrouter_backend.engine.forward_plan import OpWork
 
 
 def score_rows(w: OpWork, logits: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Choose a token per row; record choice, its probability, entropy, margin (and dist).
+    """Choose a token per row; record choice, its probability, entropy, margin (and dist,
+    and with ``op.logprobs`` >= 0 the raw log-probabilities).
 
     Returns (weights [rows, V], scale [rows]): the distribution is weights * scale, so
     greedy rows never divide the full vocabulary unless a dist is asked for.
@@ -38,7 +40,32 @@ def score_rows(w: OpWork, logits: np.ndarray, positions: np.ndarray) -> tuple[np
     w.margins.append(top_margin(weights, scale))
     if w.op.return_dist:
         w.dists.append(weights * scale[:, None])
+    if w.op.logprobs >= 0:
+        raw_logprobs(w, logits, chosen)
     return weights, scale
+
+
+def log_normalizer(logits: np.ndarray) -> np.ndarray:
+    """float64 [rows]: log sum exp of each row of logits (the raw log-softmax's offset)."""
+    top = logits.max(axis=-1).astype(np.float64)
+    return top + np.log(np.exp(logits - top[:, None].astype(logits.dtype)).sum(axis=-1, dtype=np.float64))
+
+
+def raw_logprobs(w: OpWork, logits: np.ndarray, chosen: np.ndarray) -> None:
+    """Record the raw log-probability of each row's chosen token and, with ``op.logprobs`` = k
+    > 0, the k most likely tokens (most likely first); keeps the rows' normalizer for the
+    next-input log-probabilities (``input_logprobs``)."""
+    rows = np.arange(len(logits))
+    norm = log_normalizer(logits)
+    w.last_norm = norm
+    w.logprobs.append((logits[rows, chosen] - norm).astype(np.float32))
+    k = min(w.op.logprobs, logits.shape[-1])
+    if k > 0:
+        top = np.argpartition(logits, -k, axis=-1)[:, -k:]
+        order = np.argsort(-np.take_along_axis(logits, top, axis=-1), axis=-1, kind="stable")
+        top = np.take_along_axis(top, order, axis=-1)
+        w.top_ids.append(top.astype(np.int32))
+        w.top_logprobs.append((np.take_along_axis(logits, top, axis=-1) - norm[:, None]).astype(np.float32))
 
 
 def greedy_rows(logits: np.ndarray):
@@ -89,7 +116,15 @@ def op_result(w: OpWork, lone_steps: bool) -> BranchResult:
         reused_tokens=w.reused,
         margin=np.concatenate(w.margins) if w.margins else np.zeros(0, np.float32),
         lone_steps=lone_steps,
+        token_logprobs=_joined(w.logprobs),
+        input_logprobs=_joined(w.input_logprobs),
+        top_ids=np.concatenate(w.top_ids).astype(np.int32) if w.top_ids else np.zeros((0, 0), np.int32),
+        top_logprobs=np.concatenate(w.top_logprobs) if w.top_logprobs else np.zeros((0, 0), np.float32),
     )
+
+
+def _joined(chunks: list) -> np.ndarray:
+    return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
 
 
 def empty_result() -> BranchResult:

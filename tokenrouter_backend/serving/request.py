@@ -16,6 +16,7 @@ from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefau
 from tokenrouter_backend.core.text.stop_text import Decode, StopText, parse_stop_words
 from tokenrouter_backend.core.text.stopping import split_stop_ids
 from tokenrouter_backend.operations.admission import RequestInfo
+from tokenrouter_backend.serving.logprob_tensors import requested_logprobs
 from tokenrouter_backend.serving.router_inputs import STOP_IDS_INPUT, RouterInputs
 
 
@@ -45,6 +46,7 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
         stop_sequences=split_stop_ids(list(inputs.stop_ids)),
         stop_text=stop_text(inputs.stop_words, decode),
         cache_salt=cache_salt(inputs.cache_salt, defaults.require_cache_salt),
+        logprobs=requested_logprobs(inputs.return_log_probs, inputs.top_log_probs),
     )
 
 

@@ -58,6 +58,8 @@ SCALAR_INPUTS = {
     "dynamic_quantile": "dynamic_threshold_quantile",  # FP32: per-request dynamic threshold
     "learned_router": "learned_router",  # BOOL: false = confidence rule though a router is loaded
     "show_routing": "show_routing",  # BOOL: the final routing_stats carry "routing" runs
+    "return_log_probs": "return_log_probs",  # BOOL: the answer tokens' log-probabilities (logprob_tensors.py)
+    "top_log_probs": "top_log_probs",  # INT32: and the k most likely tokens at each position
 }
 INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, *SCALAR_INPUTS.values(),
                          *PARAM_INPUTS.values()})
@@ -77,6 +79,8 @@ class RouterInputs:
     dynamic_quantile: Any = None
     learned_router: Any = None
     show_routing: Any = None
+    return_log_probs: Any = None
+    top_log_probs: Any = None
     cache_salt: tuple = ()  # as sent (UTF-8 bytes or str), checked by parse_cache_salt
 
 

@@ -44,6 +44,7 @@ from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
 from tokenrouter_backend.serving.backend import bls_exec, metric_family
+from tokenrouter_backend.serving.logprob_tensors import LogprobBuffer, empty_outputs
 from tokenrouter_backend.serving.request import parse_request, request_info
 from tokenrouter_backend.serving.router_inputs import RouterInputs, read_router_request
 from tokenrouter_backend.serving.tensors import bound_bytes_inputs, config_parameters, error_response
@@ -80,11 +81,12 @@ def client_failure(exc: BaseException) -> tuple[Failure, str]:
 class ResponseWriter:
     """Turns emitted final tokens into router responses (streamed windows or one answer)."""
 
-    def __init__(self, pb_utils, sender, stream: bool, routing_decode=None):
+    def __init__(self, pb_utils, sender, stream: bool, routing_decode=None, logprobs: int = -1):
         self.pb, self.sender, self.stream = pb_utils, sender, stream
         self.routing_decode = routing_decode  # set (a decoder) when the request asked for show_routing
         self.tokens: list[int] = []
         self.sent = 0  # tokens already covered by a response
+        self.logprobs = LogprobBuffer(logprobs) if logprobs >= 0 else None  # the request asked for them
 
     def emit(self, tokens, stats: RequestStats, finished: bool) -> None:
         self.tokens.extend(int(t) for t in tokens)
@@ -99,6 +101,8 @@ class ResponseWriter:
             pb.Tensor(IS_FINAL, np.array([[finished]], dtype=bool)),
             pb.Tensor(ROUTING_STATS, np.array([[self._stats_json(stats, finished).encode()]], dtype=np.object_)),
             pb.Tensor(STOP_TRIM, np.array([[stats.stop_trim_chars if finished else 0]], dtype=np.int32)),
+            *(pb.Tensor(name, array) for name, array in
+              (self.logprobs.take() if self.logprobs is not None else empty_outputs()).items()),
         ])
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if finished else 0
         self.sender.send(response, flags=flags)
@@ -202,9 +206,11 @@ class RouterModel:
             gen_request = dataclasses.replace(gen_request, params=admission.params, route_gate=self._gate_for(inputs),
                                               prompt_surprise=surprise, queued_ms=queued_ms)
             show = bool(inputs.show_routing) and self.decode is not None
-            writer = ResponseWriter(pb, sender, gen_request.params.stream, self.decode if show else None)
+            writer = ResponseWriter(pb, sender, gen_request.params.stream, self.decode if show else None,
+                                    gen_request.logprobs)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
-                                   hooks=admission.hooks, request_id=admission.request_id, answers=self.answers)
+                                   hooks=admission.hooks, request_id=admission.request_id, answers=self.answers,
+                                   on_logprobs=writer.logprobs.add if writer.logprobs is not None else None)
             self.ops.finish(admission, stats)
             return
         except asyncio.CancelledError:  # the task itself cancelled: still one final response

@@ -32,6 +32,7 @@ from tokenrouter_backend.core.loop.hooks import BlockHooks, BlockPlan
 from tokenrouter_backend.core.loop.modes import Strategy, strategy_for
 from tokenrouter_backend.core.loop.request_state import GenerationRequest, RequestState
 from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.loop.token_logprobs import TokenLogprob, answer_logprobs
 from tokenrouter_backend.core.protocol.branch import Branch
 from tokenrouter_backend.core.protocol.names import Mode, Source
 
@@ -39,6 +40,8 @@ __all__ = ["Emit", "GenerationRequest", "RequestCancelled", "generate"]
 
 # emit(new_final_tokens, stats, finished) -> awaitable or None
 Emit = Callable[[list, RequestStats, bool], "Awaitable[None] | None"]
+# on_logprobs(the new final tokens' log-probabilities), called just before their emit
+OnLogprobs = Callable[[list[TokenLogprob]], None]
 
 
 class RequestCancelled(Exception):
@@ -54,6 +57,7 @@ class BlockLoop:
         self.base_params = request.params  # what the request asked for; hooks may adjust per block
         self.hooks, self.request_id = hooks, request_id
         self._strategies: dict[Mode, Strategy] = {}
+        self.final_from = self.state.transcript.final_len  # where the tokens the last advance_final made final start
 
     @property
     def done(self) -> bool:
@@ -98,7 +102,15 @@ class BlockLoop:
 
     def advance_final(self) -> list[int]:
         """Tokens that just became final (no rollback can reach them)."""
-        return self.state.transcript.advance_final(self.state.params.rollback_window)
+        t = self.state.transcript
+        self.final_from = t.final_len
+        return t.advance_final(self.state.params.rollback_window)
+
+    def final_logprobs(self) -> list[TokenLogprob]:
+        """The log-probabilities of the tokens the last ``advance_final`` made final."""
+        s = self.state
+        tables = ((s.heavy.branch.name, s.heavy.scores), (s.light.branch.name, s.light.scores))
+        return answer_logprobs(s.transcript.tokens, self.final_from, s.transcript.final_len, tables)
 
     def finish_stats(self, started: float) -> RequestStats:
         st, t, mode = self.state, self.state.transcript, self.state.params.mode
@@ -134,13 +146,15 @@ async def generate(
     hooks: BlockHooks | None = None,
     request_id: str = "",
     answers: AnswerCache | None = None,
+    on_logprobs: OnLogprobs | None = None,
 ) -> RequestStats:
     """Run one request to completion, calling ``emit`` whenever tokens become final.
 
     ``emit(tokens, stats, finished)`` is called with finished=True exactly once, last.
     Both branch sessions are released whatever happens (error, cancellation). ``answers``
     (the decision cache) offers an earlier answer to the same prompt under the same cache
-    salt as drafts and keeps this one.
+    salt as drafts and keeps this one. ``on_logprobs`` (the request asked for log-probabilities)
+    gets the log-probabilities of the tokens of each emit, just before it.
     """
     started = time.perf_counter()
     p = request.params
@@ -158,12 +172,16 @@ async def generate(
                 break
             new = loop.advance_final()
             if new:
+                if on_logprobs is not None:
+                    on_logprobs(loop.final_logprobs())
                 if not loop.state.stats.first_token_ms:
                     loop.state.stats.first_token_ms = (time.perf_counter() - started) * 1e3
                 t0 = time.perf_counter()
                 await _maybe_await(emit(new, loop.state.stats, False))
                 loop.state.stats.emit_ms += (time.perf_counter() - t0) * 1e3
         new = loop.advance_final()
+        if on_logprobs is not None:
+            on_logprobs(loop.final_logprobs())
         stats = loop.finish_stats(started)
         if not stats.first_token_ms:
             stats.first_token_ms = stats.total_ms

@@ -8,7 +8,8 @@ the positions its caller reads (``score_from``), and sends an input longer than
 between the chunks of a long prompt instead of waiting for all of it. A session that
 vanished under the request (TTL) is re-prefilled once and counted in the request's stats.
 Every call that (re)starts the session (``keep_len`` 0) carries the request's cache salt:
-the branch keys the session's prefix blocks by it.
+the branch keys the session's prefix blocks by it. With ``logprobs`` >= 0 each step asks the
+branch for raw log-probabilities and keeps them by position (``token_logprobs.ScoreTable``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenrouter_backend.core.loop.stats import RequestStats
+from tokenrouter_backend.core.loop.token_logprobs import ScoreTable
 from tokenrouter_backend.core.protocol.branch import Branch
 from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, BranchResult, SessionMissing
 from tokenrouter_backend.core.protocol.names import HEAVY
@@ -69,6 +71,8 @@ class BranchView:
         self.opened = False
         self.opened_at = 0.0  # perf_counter() when the session's first step began (0: never)
         self.first_step_ms = 0.0  # that step's wall time: the prompt's prefill and the first scored position
+        self.logprobs = -1  # -1: no log-probabilities asked; k >= 0: the tokens' and the top k (``scores``)
+        self.scores = ScoreTable()
 
     def synced_len(self, tokens: list[int]) -> int:
         """Cached tokens still valid: common prefix with ``tokens``, leaving >= 1 to send."""
@@ -90,6 +94,9 @@ class BranchView:
         first = not self.opened
         if first:
             self.opened_at = time.perf_counter()
+        if self.logprobs >= 0:
+            self.scores.before_step(seq)
+            op_fields.setdefault("logprobs", self.logprobs)
         try:
             out = await self._send(seq, keep, score_from, op_fields)
         except SessionMissing:
@@ -101,6 +108,8 @@ class BranchView:
         if first:
             self.first_step_ms = (time.perf_counter() - self.opened_at) * 1e3
         self.cache = seq + [int(t) for t in out.drafts[:-1]]
+        if self.logprobs >= 0:
+            self.scores.record(out.result, seq, out.first_scored, out.scored)
         return out
 
     async def _send(self, seq: list[int], keep: int, score_from: int | None, op_fields: dict) -> Step:

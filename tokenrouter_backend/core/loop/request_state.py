@@ -38,6 +38,7 @@ class GenerationRequest:
     prompt_surprise: PromptSurprise | None = None  # measured for request-level routing (reported in stats)
     cache_salt: str = ""  # the tenant whose answer cache and KV prefix blocks it may share ("" = salt-less)
     queued_ms: float = 0.0  # waited for admission before the loop began (reported in stats)
+    logprobs: int = -1  # the answer's log-probabilities: -1 none, 0 the tokens', k > 0 also the top k
 
     @property
     def stop(self) -> StopCriteria:
@@ -67,6 +68,7 @@ class RequestState:
         salt = request.cache_salt
         self.light = BranchView(light, sid, self.stats, chunk, kv_window=self.params.light_kv_window, cache_salt=salt)
         self.heavy = BranchView(heavy, sid, self.stats, chunk, cache_salt=salt)
+        self.light.logprobs = self.heavy.logprobs = request.logprobs
         self.transcript = Transcript(request.prompt, request.stop, request.stop_text, self.params.mode)
         self.block = self.params.block_size  # drafts asked of the next block
         self.free_drafts: int | None = None  # the plan's cap on model-free drafts (None: the drafter's own)

@@ -36,6 +36,12 @@ result never depends on what else was in the batch. ``dist`` holds that processe
 distribution for every returned position when ``return_dist`` is set (speculative
 sampling needs it), else it is empty.
 
+``logprobs`` = k >= 0 (default -1: off) also returns, for every returned position, the
+log-probability of its chosen token under the model's raw distribution (log-softmax of the
+logits: no temperature, top-k or top-p), for every scored input position but the last that
+of the next input token (``input_logprobs``, as ``input_probs``), and with k > 0 the k most
+likely tokens and their log-probabilities (``top_ids``, ``top_logprobs``: [T, k]).
+
 Both branch models speak this contract over Triton tensors (names below), the in-process
 engine speaks it with these dataclasses. Only adapters touch tensors.
 """
@@ -83,6 +89,7 @@ class BranchOp:
     score_last: int = 0  # trailing input positions to score; 0 = all
     kv_window: int = 0  # keep only the session's sink + last ~kv_window positions; 0 = all (fixed at creation)
     cache_salt: str = ""  # the tenant of the session's prefix blocks (read at keep_len 0); "" = salt-less
+    logprobs: int = -1  # raw log-probabilities returned: -1 none, 0 the tokens', k > 0 also the top k
 
     @property
     def scored(self) -> int:
@@ -111,6 +118,12 @@ class BranchResult:
     # the branch runs one-token steps alone, never batched (engine ``lone_decode_steps``):
     # its draft steps cost every session a whole forward
     lone_steps: bool = False
+    # op.logprobs >= 0: raw log-probabilities (empty otherwise): of each position's chosen
+    # token [T], of each scored input's next input [n-1]; op.logprobs = k > 0: the top k [T, k]
+    token_logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    input_logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    top_ids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))
+    top_logprobs: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
 
 class BranchError(RuntimeError):
@@ -193,6 +206,7 @@ TENSOR_INPUTS = {
     "score_last": ("score_last", "TYPE_INT32"),
     "kv_window": ("kv_window", "TYPE_INT32"),
     "cache_salt": ("cache_salt", "TYPE_STRING"),  # [1], sent only when set
+    "logprobs": ("logprobs", "TYPE_INT32"),  # [1], sent only when >= 0
 }
 TENSOR_OUTPUTS = {
     "tokens": "tokens",  # INT32 [-1]
@@ -208,7 +222,12 @@ TENSOR_OUTPUTS = {
     "reused_tokens": "reused_tokens",  # INT32 [1]
     "margin": "margin",  # FP32 [-1]
     "lone_steps": "lone_steps",  # BOOL [1]
+    "token_logprobs": "token_logprobs",  # FP32 [-1]; empty unless logprobs >= 0
+    "input_logprobs": "input_logprobs",  # FP32 [-1]; empty unless logprobs >= 0
+    "top_ids": "top_ids",  # INT32 [-1, -1]; shape [0, 0] unless logprobs > 0
+    "top_logprobs": "top_logprobs",  # FP32 [-1, -1]; shape [0, 0] unless logprobs > 0
 }
+MAX_TOP_LOGPROBS = 20  # the most top tokens a step returns (OpenAI's top_logprobs range)
 
 
 def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
@@ -230,6 +249,8 @@ def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
         "score_last": np.array([[op.score_last]], dtype=np.int32),
         "kv_window": np.array([[op.kv_window]], dtype=np.int32),
     }
+    if op.logprobs >= 0:
+        values["logprobs"] = np.array([[op.logprobs]], dtype=np.int32)
     if op.cache_salt:
         values["cache_salt"] = np.array([[op.cache_salt.encode("utf-8", errors="surrogatepass")]], dtype=np.object_)
     return {TENSOR_INPUTS[k][0]: v for k, v in values.items()}
@@ -272,7 +293,15 @@ def op_from_arrays(get) -> BranchOp:
         score_last=int(scalar("score_last", 0)),
         kv_window=int(scalar("kv_window", 0)),
         cache_salt=_salt(get(TENSOR_INPUTS["cache_salt"][0])),
+        logprobs=_logprobs(scalar("logprobs", -1)),
     )
+
+
+def _logprobs(value) -> int:
+    k = int(value)
+    if not -1 <= k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"branch input 'logprobs' must be in [-1, {MAX_TOP_LOGPROBS}]; got {k}")
+    return k
 
 
 def _salt(arr: np.ndarray | None) -> str:
@@ -302,6 +331,10 @@ def result_to_arrays(res: BranchResult) -> dict[str, np.ndarray]:
         "reused_tokens": np.array([[res.reused_tokens]], dtype=np.int32),
         "margin": np.asarray(res.margin, np.float32).reshape(1, -1),
         "lone_steps": np.array([[res.lone_steps]], dtype=bool),
+        "token_logprobs": np.asarray(res.token_logprobs, np.float32).reshape(1, -1),
+        "input_logprobs": np.asarray(res.input_logprobs, np.float32).reshape(1, -1),
+        "top_ids": np.asarray(res.top_ids, np.int32)[None, ...],
+        "top_logprobs": np.asarray(res.top_logprobs, np.float32)[None, ...],
     }
     return {TENSOR_OUTPUTS[k]: v for k, v in values.items()}
 
@@ -332,4 +365,19 @@ def result_from_arrays(get) -> BranchResult:
         reused_tokens=optional_int("reused_tokens"),
         margin=np.zeros(0, np.float32) if margin is None else margin.reshape(-1).astype(np.float32, copy=False),
         lone_steps=False if lone is None else bool(lone.reshape(-1)[0]),
+        token_logprobs=_floats(get(TENSOR_OUTPUTS["token_logprobs"])),
+        input_logprobs=_floats(get(TENSOR_OUTPUTS["input_logprobs"])),
+        top_ids=_rows(get(TENSOR_OUTPUTS["top_ids"]), np.int32),
+        top_logprobs=_rows(get(TENSOR_OUTPUTS["top_logprobs"]), np.float32),
     )
+
+
+def _floats(arr: np.ndarray | None) -> np.ndarray:
+    return np.zeros(0, np.float32) if arr is None else arr.reshape(-1).astype(np.float32, copy=False)
+
+
+def _rows(arr: np.ndarray | None, dtype) -> np.ndarray:
+    """A [1, T, k] output as [T, k] (absent or empty: [0, 0])."""
+    if arr is None or arr.size == 0:
+        return np.zeros((0, 0), dtype)
+    return arr.reshape(arr.shape[-2], arr.shape[-1]).astype(dtype, copy=False)

@@ -1,0 +1,137 @@
+"""Log-probabilities through a real tritonserver (tiny pair): the ensemble's
+``return_log_probs`` / ``top_log_probs`` inputs and its log-prob outputs, over HTTP and gRPC,
+streamed and not; verify's numbers equal heavy-only's for the same greedy request and are
+the heavy model's; route names the model of each number; bad values refused by name; and
+the OpenAI front's ``logprobs`` / ``top_logprobs`` shapes, validated by the ``openai``
+client's own types. ~1.5 min on 2 CPU cores."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import requests
+
+from support.triton_repo import set_params
+from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
+from tokenrouter_backend.openai_front.app import FrontConfig
+from tokenrouter_backend.openai_front.chat_template import TOKENIZER_DIR
+from tokenrouter_backend.openai_front.runner import OpenAIFront
+
+pytestmark = pytest.mark.triton
+
+PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Point:\n    def __init__(self,",
+           "for i in range(10):\n   "]
+NO_REUSE = {"answer_cache": False}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_repository, start_triton_module, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("logprobs") / "repository"
+    shutil.copytree(tiny_repository, repo, symlinks=True)
+    set_params(repo / "router" / "config.pbtxt", cost_model="false")  # verify always drafts with the light model
+    return start_triton_module(repo)
+
+
+def url(server) -> str:
+    return server.http_url.replace("http://", "")
+
+
+def ask(server, prompt, mode, stream=False, transport="http", **knobs):
+    knobs = {"max_tokens": 24, "router_mode": mode, "return_log_probs": True, "top_log_probs": 3,
+             **NO_REUSE, **knobs}
+    if transport == "grpc":
+        return generate_grpc(server.grpc_url.replace("grpc://", ""), prompt, stream=stream, **knobs)
+    return generate_http(url(server), prompt, stream=stream, **knobs)
+
+
+def test_verify_numbers_are_heavy_onlys_over_http_and_grpc_streamed_or_not(server):
+    for prompt in PROMPTS:
+        heavy = ask(server, prompt, "heavy")
+        tokens = heavy.stats["generated_tokens"]
+        assert len(heavy.logprobs.log_probs) == tokens > 0 and set(heavy.logprobs.branches) == {"heavy"}
+        assert all(lp <= 0 for lp in heavy.logprobs.log_probs)
+        assert heavy.logprobs.cumulative == pytest.approx(sum(heavy.logprobs.log_probs), abs=1e-3)
+        for top, lp in zip(heavy.logprobs.top, heavy.logprobs.log_probs):
+            assert len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1]
+            assert top[0][1] == pytest.approx(lp, abs=1e-4)  # greedy: the answer token is the top-1
+        for stream, transport in ((False, "http"), (True, "http"), (True, "grpc")):
+            got = ask(server, prompt, "verify", stream=stream, transport=transport)
+            assert got.text == heavy.text and got.stats["drafts_proposed"] > 0
+            assert set(got.logprobs.branches) == {"heavy"}
+            np.testing.assert_allclose(got.logprobs.log_probs, heavy.logprobs.log_probs, atol=1e-3)
+            assert [[t for t, _ in top] for top in got.logprobs.top] == [[t for t, _ in top] for top in
+                                                                          heavy.logprobs.top]
+
+
+def test_route_names_the_model_of_each_number(server):
+    seen = set()
+    for prompt in PROMPTS:
+        got = ask(server, prompt, "route", confidence_threshold=0.0, rollback_window=1)
+        assert len(got.logprobs.log_probs) == got.stats["generated_tokens"]
+        assert all(math.isfinite(lp) and lp <= 0 for lp in got.logprobs.log_probs)
+        seen |= set(got.logprobs.branches)
+    assert seen == {"heavy", "light"}
+
+
+def test_not_asked_means_empty_outputs_and_bad_values_are_refused_by_name(server):
+    plain = generate_http(url(server), PROMPTS[0], max_tokens=8, router_mode="verify")
+    assert plain.logprobs.log_probs == [] and plain.logprobs.top == []
+    with pytest.raises(GenerationError, match="top_log_probs"):
+        ask(server, PROMPTS[0], "verify", top_log_probs=21)
+    with pytest.raises(GenerationError, match="top_log_probs needs return_log_probs"):
+        ask(server, PROMPTS[0], "verify", return_log_probs=False)
+    assert ask(server, PROMPTS[0], "verify", max_tokens=4).stats["generated_tokens"] == 4  # still serving
+
+
+@pytest.fixture(scope="module")
+def front(server, tiny_repository):
+    config = FrontConfig(triton_grpc_url=server.grpc_url.replace("grpc://", ""),
+                         tokenizer_dir=tiny_repository / TOKENIZER_DIR)
+    with OpenAIFront(config, port=0) as f:
+        yield f
+
+
+def test_openai_completions_and_chat_logprobs_shapes_and_numbers(front, server):
+    openai = pytest.importorskip("openai")
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    ref = ask(server, PROMPTS[0], "heavy", max_tokens=12)
+    body = {"model": "tokenrouter", "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "logprobs": 2,
+            "router_mode": "verify", **NO_REUSE}
+    raw = requests.post(f"{front.url}/completions", json=body, timeout=120).json()
+    done = Completion.model_validate(raw)
+    lp = done.choices[0].logprobs
+    assert done.choices[0].text == ref.text
+    np.testing.assert_allclose(lp.token_logprobs, ref.logprobs.log_probs, atol=1e-3)
+    assert "".join(lp.tokens) == ref.text
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+    assert raw["choices"][0]["logprobs"]["branches"] == ["heavy"] * len(lp.tokens)
+
+    chat = {"model": "tokenrouter", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 10,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3, "router_mode": "verify", **NO_REUSE}
+    raw = requests.post(f"{front.url}/chat/completions", json=chat, timeout=120).json()
+    reply = ChatCompletion.model_validate(raw)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(t.token for t in content) == reply.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-4)
+        assert bytes(t.bytes) == t.token.encode()
+
+    # streamed: the chunks' logprobs add up to the non-streamed answer's
+    client = openai.OpenAI(base_url=front.url, api_key="none")
+    events = client.chat.completions.create(**{k: v for k, v in chat.items() if k not in ("router_mode",
+                                                                                         "answer_cache")},
+                                            stream=True, extra_body={"router_mode": "verify", **NO_REUSE})
+    streamed = [t for e in events if e.choices and e.choices[0].logprobs for t in e.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    np.testing.assert_allclose([t.logprob for t in streamed], [t.logprob for t in content], atol=1e-3)
+
+    bad = requests.post(f"{front.url}/chat/completions", json={**chat, "top_logprobs": 21}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+    bad = requests.post(f"{front.url}/completions", json={**body, "logprobs": 6}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
