@@ -171,7 +171,7 @@ def test_router_knobs_as_extra_body_fields(client):
     ({"extra_body": {"router_mode": "fast"}}, 400, "router_mode"),
     ({"extra_body": {"confidence_threshold": 7.0}}, 400, "confidence_threshold"),
     ({"extra_body": {"frobnicate": 1}}, 400, "frobnicate"),
-    ({"logprobs": 2}, 400, "logprobs"),
+    ({"logprobs": 6}, 400, "logprobs"),
     ({"stream": True, "extra_body": {"router_mode": "fast"}}, 400, "router_mode"),
 ])
 def test_errors_have_openai_shape_and_status(client, kwargs, status, param):

@@ -62,7 +62,11 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
     (completion, {"best_of": 2}, "best_of"),
     (completion, {"stream_options": {"include_usage": True}}, "stream_options"),
     (chat, {"tools": [{"type": "function"}]}, "tools"),
-    (chat, {"logprobs": True}, "logprobs"),
+    (chat, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (chat, {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    (completion, {"logprobs": 6}, "logprobs"),
+    (completion, {"logprobs": -1}, "logprobs"),
+    (completion, {"logprobs": 1, "echo": True}, "echo"),  # the prompt's log-probabilities
     (chat, {"response_format": {"type": "json_object"}}, "response_format"),
     (chat, {"temperature": 1e-38}, "temperature"),  # 0 < T < MIN_TEMPERATURE: NaN probabilities
     (completion, {"temperature": 0.009}, "temperature"),

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from .chat_template import ChatTemplate
+from .logprobs import TokenText, chat_logprobs, completion_logprobs, next_offset
 from .errors import OpenAIError, not_found, server_error, unavailable
 from .parsing import BodyParser, Limits
 from .protocol import GenerationBody
@@ -54,6 +55,7 @@ class ClientGone(Exception):
 
 def create_app(config: FrontConfig) -> FastAPI:
     chat = ChatTemplate(config.tokenizer_dir, config.chat_template_file) if config.tokenizer_dir else None
+    words = TokenText(chat.tokenizer) if chat is not None else None  # the tokens' text in logprobs
     started = int(time.time())
     parser = BodyParser(config.limits)
     renderers = anyio.CapacityLimiter(config.limits.parse_workers)
@@ -107,7 +109,9 @@ def create_app(config: FrontConfig) -> FastAPI:
         body = await parser.parse("completion", await request.body())
         _check_model(body)
         prefix = body.prompt_text() if body.echo else ""
-        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompt_text(), prefix)
+        scores = _scores(body, words, Endpoint.COMPLETION)
+        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompt_text(), prefix,
+                             scores=scores)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -121,9 +125,38 @@ def create_app(config: FrontConfig) -> FastAPI:
             prompt, spans = await anyio.to_thread.run_sync(chat.render, messages, limiter=renderers), None
         else:
             prompt, spans = await anyio.to_thread.run_sync(chat.render_with_spans, messages, limiter=renderers)
-        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "", spans)
+        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "", spans,
+                             _scores(body, words, Endpoint.CHAT))
 
     return app
+
+
+@dataclass
+class Scores:
+    """How a request's answer tokens' log-probabilities become OpenAI's ``logprobs``."""
+
+    endpoint: Endpoint
+    words: TokenText
+    top: int
+    offset: int = 0  # completions: the text offset of the next token
+
+    def of(self, entries: list) -> dict:
+        if self.endpoint is Endpoint.CHAT:
+            return chat_logprobs(entries, self.words, self.top)
+        out = completion_logprobs(entries, self.words, self.top, self.offset)
+        self.offset = next_offset(out) or self.offset
+        return out
+
+
+def _scores(body: GenerationBody, words: Optional[TokenText], endpoint: Endpoint) -> Optional[Scores]:
+    """The request's ``Scores``, None when it asked for no log-probabilities."""
+    top = body.logprob_count()
+    if top < 0:
+        return None
+    if words is None:
+        raise OpenAIError("logprobs needs the served tokenizer: this front was started without the exported "
+                          "tokenizer", param="logprobs")
+    return Scores(endpoint, words, top)
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -145,13 +178,14 @@ def _check_model(body: GenerationBody) -> None:
 
 
 async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
-                  prompt: str, prefix: str, content_spans: Optional[list[int]] = None) -> Response:
+                  prompt: str, prefix: str, content_spans: Optional[list[int]] = None,
+                  scores: Optional[Scores] = None) -> Response:
     pieces = generate(app.state.triton, prompt, body.stream, body.knobs(), reply.id, config.request_timeout_s,
                       content_spans)
     try:
         if not body.stream:
-            text, stats = await _until_disconnected(request, _collect(pieces), config.disconnect_poll_s)
-            return JSONResponse(reply.body(prefix + text, stats))
+            text, stats, entries = await _until_disconnected(request, _collect(pieces), config.disconnect_poll_s)
+            return JSONResponse(reply.body(prefix + text, stats, scores.of(entries) if scores else None))
         first = await _until_disconnected(request, anext(pieces, None), config.disconnect_poll_s)
     except ClientGone:
         await pieces.aclose()
@@ -161,34 +195,43 @@ async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Re
         raise
     if first is None:
         raise server_error("the server ended the stream without an answer")
-    return StalledStream(_events(reply, body, first, pieces, prefix), config.stream_stall_s)
+    return StalledStream(_events(reply, body, first, pieces, prefix, scores), config.stream_stall_s)
 
 
-async def _collect(pieces) -> tuple[str, dict]:
-    text, stats = [], {}
+async def _collect(pieces) -> tuple[str, dict, list]:
+    text, stats, entries = [], {}, []
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
             text.append(piece.text)
             stats = piece.stats
-    return "".join(text), stats
+            entries += piece.logprobs
+    return "".join(text), stats, entries
 
 
-async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, prefix: str):
+async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, prefix: str,
+                  scores: Optional[Scores] = None):
     """SSE events; a disconnect or a stalled client closes this generator, and closing ``pieces``
-    cancels the generation."""
+    cancels the generation. With ``scores``, a chunk's logprobs are those of the tokens that
+    came with its text (a response whose tokens end in part of a character has no text yet:
+    its tokens' logprobs wait for the next chunk)."""
     async with contextlib.aclosing(pieces):
-        stats = first.stats
-        yield reply.chunk(prefix + first.text, first=True)
+        stats, held = first.stats, list(first.logprobs)
+        yield reply.chunk(prefix + first.text, first=True,
+                          logprobs=scores.of(held) if scores and (first.text or not held) else None)
+        if first.text or not scores:
+            held = []
         try:
             async for piece in pieces:
                 stats = piece.stats
+                held += piece.logprobs
                 if piece.text:
-                    yield reply.chunk(piece.text)
+                    yield reply.chunk(piece.text, logprobs=scores.of(held) if scores else None)
+                    held = []
         except OpenAIError as err:
             yield sse(err.body())
             yield DONE
             return
-        yield reply.chunk("", stats)
+        yield reply.chunk("", stats, logprobs=scores.of(held) if scores and held else None)
         if body.include_usage:
             yield reply.usage_chunk(stats)
         yield DONE

@@ -2,7 +2,7 @@
 
 The OpenAI fields TokenRouter implements map onto the ensemble's inputs; the router knobs
 (``router_mode``, ``confidence_threshold``, ...) are accepted as extra body fields. Fields
-TokenRouter cannot honour (``n`` > 1, ``logprobs``, tools, penalties, ...) are refused with an
+TokenRouter cannot honour (``n`` > 1, tools, penalties, ...) are refused with an
 error naming them rather than silently ignored; a few that change nothing about the answer
 (``user``, ``metadata``, ``store``, ...) are accepted and ignored. Any other field is refused.
 """
@@ -18,6 +18,8 @@ from tokenrouter_backend.core.protocol.params import MIN_TEMPERATURE, InvalidReq
 from .errors import OpenAIError
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
+MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's range of chat top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # and of completions' logprobs
 SEED_MAX = (1 << 64) - 1  # random_seed is a UINT64 input
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1  # the ensemble's integer inputs are INT32
 # integers are JSON integers (no bool, float or string) within the range of the input that
@@ -123,11 +125,17 @@ class GenerationBody(RouterKnobs):
     def answer_tokens(self) -> Optional[int]:
         return self.max_tokens
 
+    def logprob_count(self) -> int:
+        """-1: no log-probabilities asked; k >= 0: the tokens' and k alternatives each."""
+        return -1
+
     def knobs(self) -> dict[str, Any]:
         """The ensemble's optional inputs for this request (absent fields stay server defaults)."""
         knobs: dict[str, Any] = {name: getattr(self, name) for name in ROUTER_KNOBS}
         knobs.update(max_tokens=self.answer_tokens(), temperature=self.temperature, top_p=self.top_p,
                      random_seed=self.seed, stop_words=self.stop_words() or None, cache_salt=self.cache_salt)
+        if self.logprob_count() >= 0:
+            knobs.update(return_log_probs=True, top_log_probs=self.logprob_count())
         return {k: v for k, v in knobs.items() if v is not None}
 
     @property
@@ -148,9 +156,16 @@ class CompletionBody(GenerationBody):
             raise OpenAIError("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
             raise OpenAIError(f"best_of must be 1; got {self.best_of}", param="best_of")
-        if self.logprobs is not None:
-            raise OpenAIError("logprobs is not supported", param="logprobs")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise OpenAIError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]; got {self.logprobs}",
+                              param="logprobs")
+        if self.logprobs is not None and self.echo:
+            raise OpenAIError("echo with logprobs (the prompt's log-probabilities) is not supported; "
+                              "ask for one or the other", param="echo")
         self.prompt_text()
+
+    def logprob_count(self) -> int:
+        return -1 if self.logprobs is None else self.logprobs
 
     def prompt_text(self) -> str:
         """The one text prompt (a list of one string is accepted); token-id prompts are refused."""
@@ -201,11 +216,18 @@ class ChatBody(GenerationBody):
         for name in ("tools", "tool_choice", "functions", "function_call"):
             if getattr(self, name) not in (None, [], "none"):
                 raise OpenAIError(f"{name} is not supported (no tool calling)", param=name)
-        if self.logprobs or self.top_logprobs:
-            raise OpenAIError("logprobs is not supported", param="logprobs")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS:
+                raise OpenAIError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}]; got {self.top_logprobs}",
+                                  param="top_logprobs")
+            if self.top_logprobs and not self.logprobs:
+                raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.response_format and self.response_format.get("type") != "text":
             raise OpenAIError(f"response_format {self.response_format.get('type')!r} is not supported "
                               "(only 'text')", param="response_format")
+
+    def logprob_count(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else -1
 
     def answer_tokens(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -56,23 +56,25 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": PUBLIC_MODEL,
                 "system_fingerprint": None}
 
-    def body(self, text: str, stats: dict) -> dict:
-        """The non-streamed response."""
+    def body(self, text: str, stats: dict, logprobs: Optional[dict] = None) -> dict:
+        """The non-streamed response (``logprobs``: the choice's, ``logprobs.py``)."""
         if self.endpoint is Endpoint.COMPLETION:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(stats)}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(stats)}
         else:
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish_reason(stats)}
+                      "logprobs": logprobs, "finish_reason": finish_reason(stats)}
         return {**self._head(self.endpoint.value), "choices": [choice], "usage": usage(stats), STATS_FIELD: stats}
 
-    def chunk(self, text: str, stats: Optional[dict] = None, first: bool = False) -> str:
-        """One SSE event; ``stats`` given = the last chunk (finish_reason and routing stats)."""
+    def chunk(self, text: str, stats: Optional[dict] = None, first: bool = False,
+              logprobs: Optional[dict] = None) -> str:
+        """One SSE event; ``stats`` given = the last chunk (finish_reason and routing stats);
+        ``logprobs``: this chunk's tokens' (``logprobs.py``)."""
         reason = finish_reason(stats) if stats is not None else None
         if self.endpoint is Endpoint.COMPLETION:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         else:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         event = {**self._head(self.endpoint.chunk_object), "choices": [choice]}
         if stats is not None:
             event[STATS_FIELD] = stats

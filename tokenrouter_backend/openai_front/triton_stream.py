@@ -24,6 +24,7 @@ from tokenrouter_backend.client.triton_client import grpc_inputs
 from tokenrouter_backend.core.protocol.failures import classify
 
 from .errors import OpenAIError, from_server, unavailable
+from .logprobs import TokenScores
 
 LOG = logging.getLogger("tokenrouter.openai_front")
 FINAL_FLAG = "triton_final_response"
@@ -36,10 +37,28 @@ PRE_ONLY_INPUTS = ("text_input", "end_id", "exclude_input_in_output")  # the ens
 
 @dataclass
 class Piece:
-    """New text of one response and the routing stats so far (cumulative)."""
+    """New text of one response and the routing stats so far (cumulative); with
+    ``return_log_probs``, its new tokens' log-probabilities."""
 
     text: str
     stats: dict = field(default_factory=dict)
+    logprobs: list[TokenScores] = field(default_factory=list)
+
+
+def _token_scores(result) -> list[TokenScores]:
+    """The router response's new tokens (past ``PREFIX_LEN``) with their log-prob outputs."""
+    lps = result.as_numpy("output_log_probs")
+    if lps is None or lps.size == 0:
+        return []
+    ids = result.as_numpy("OUTPUT_IDS").reshape(-1)[int(result.as_numpy("PREFIX_LEN").reshape(-1)[0]):]
+    lps = lps.reshape(-1)
+    branches = result.as_numpy("output_log_prob_branches").reshape(-1)
+    top_ids, top_lps = result.as_numpy("output_top_ids"), result.as_numpy("output_top_log_probs")
+    k = top_ids.size // len(lps)
+    top_ids, top_lps = top_ids.reshape(len(lps), k), top_lps.reshape(len(lps), k)
+    return [TokenScores(int(t), float(lp), b.decode() if isinstance(b, bytes) else str(b),
+                        tuple(zip(map(int, ti), map(float, tl))))
+            for t, lp, b, ti, tl in zip(ids.tolist(), lps.tolist(), branches, top_ids, top_lps)]
 
 
 def _tensor(grpcclient, name: str, array: np.ndarray):
@@ -95,7 +114,9 @@ async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], req
             if error is not None:
                 raise from_server(str(error))
             if result.as_numpy("OUTPUT_IDS") is not None:
-                yield await _post(client, grpcclient, result, request_id, timeout_s)
+                piece = await _post(client, grpcclient, result, request_id, timeout_s)
+                piece.logprobs = _token_scores(result)
+                yield piece
             final = result.get_response().parameters.get(FINAL_FLAG)
             if final is not None and final.bool_param:
                 return
