@@ -142,3 +142,30 @@ def test_openai_completions_and_chat_logprobs_shapes_and_numbers(front, server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
     bad = requests.post(f"{front.url}/completions", json={**body, "logprobs": 6}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
+
+
+def test_prompt_log_probs_score_the_prompt_once_and_max_tokens_0_answers_nothing(server, tiny_repository):
+    """The heavy model's numbers for every prompt token after the first: the same as the
+    numbers it gives the same tokens generated as an answer (its own greedy continuation,
+    scored again as a prompt), within float tolerance; max_tokens 0 generates nothing."""
+    from tokenrouter_backend.client.triton_client import LogprobsOut  # noqa: F401 (the outputs' reader)
+
+    first = ask(server, PROMPTS[1], "heavy", max_tokens=12)
+    whole = PROMPTS[1] + first.text
+    scored = generate_http(url(server), whole, max_tokens=0, return_prompt_log_probs=True, top_log_probs=2,
+                           router_mode="verify", **NO_REUSE)
+    assert scored.stats["generated_tokens"] == 0 and scored.text == "" and scored.stats["finish_reason"] == "length"
+    prompt_lps = scored.logprobs.prompt_log_probs
+    assert len(prompt_lps) == scored.stats["prompt_tokens"] - 1
+    # the answer's tokens re-read as the prompt's tail (when the text re-tokenizes to the same tokens)
+    tail = prompt_lps[-len(first.logprobs.log_probs):]
+    if scored.stats["prompt_tokens"] == first.stats["prompt_tokens"] + first.stats["generated_tokens"]:
+        np.testing.assert_allclose(tail, first.logprobs.log_probs, atol=1e-3)
+    assert all(len(t) == 2 and t[0][1] >= t[1][1] for t in scored.logprobs.prompt_top)
+    # with an answer too: the prompt's come in the first response, the answer's as before
+    both = ask(server, PROMPTS[1], "verify", stream=True, max_tokens=12, return_prompt_log_probs=True)
+    assert both.text == first.text
+    np.testing.assert_allclose(both.logprobs.log_probs, first.logprobs.log_probs, atol=1e-3)
+    assert len(both.logprobs.prompt_log_probs) == both.stats["prompt_tokens"] - 1
+    with pytest.raises(GenerationError, match="max_tokens"):
+        generate_http(url(server), PROMPTS[0], max_tokens=0, router_mode="verify")

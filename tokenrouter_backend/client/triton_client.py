@@ -21,7 +21,7 @@ KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshol
 KNOBS_STR = ("router_mode", "block_schedule", "cache_salt")
 INT_RANGES = {"INT32": (-(1 << 31), (1 << 31) - 1), "UINT64": (0, (1 << 64) - 1)}
 KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "light_copies", "answer_cache", "show_routing",
-              "learned_router", "return_log_probs")
+              "learned_router", "return_log_probs", "return_prompt_log_probs")
 
 
 @dataclass
@@ -56,6 +56,8 @@ class LogprobsOut:
     branches: list[str] = field(default_factory=list)  # "heavy" / "light": whose number each is
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # top_log_probs: per token, best first
     cumulative: float | None = None
+    prompt_log_probs: list[float] = field(default_factory=list)  # return_prompt_log_probs: prompt tokens 2..p
+    prompt_top: list[list[tuple[int, float]]] = field(default_factory=list)
 
     def add(self, get: Callable[[str], Any]) -> None:
         """One response's outputs; ``get(name)`` -> a list / array or None."""
@@ -66,11 +68,21 @@ class LogprobsOut:
         self.log_probs += lps
         self.branches += [b.decode() if isinstance(b, bytes) else str(b)
                           for b in np.asarray(get("output_log_prob_branches"), dtype=object).reshape(-1)]
-        ids, top = np.asarray(get("output_top_ids")), np.asarray(get("output_top_log_probs"), np.float32)
-        k = ids.size // len(lps) if lps else 0
-        ids, top = ids.reshape(len(lps), k), top.reshape(len(lps), k)
-        self.top += [list(zip(map(int, i), map(float, t))) for i, t in zip(ids, top)]
+        self.top += _top_lists(len(lps), get("output_top_ids"), get("output_top_log_probs"))
         self.cumulative = float(np.asarray(get("cum_log_probs")).reshape(-1)[0])
+        prompt = get("prompt_log_probs")
+        if prompt is not None:
+            prompt = [float(x) for x in np.asarray(prompt, np.float32).reshape(-1)]
+            self.prompt_log_probs += prompt
+            self.prompt_top += _top_lists(len(prompt), get("prompt_top_ids"), get("prompt_top_log_probs"))
+
+
+def _top_lists(n: int, ids, lps) -> list[list[tuple[int, float]]]:
+    """n rows of (id, log-prob) alternatives from flat or [n, k] outputs."""
+    ids, lps = np.asarray(ids if ids is not None else []), np.asarray(lps if lps is not None else [], np.float32)
+    k = ids.size // n if n else 0
+    ids, lps = ids.reshape(n, k), lps.reshape(n, k)
+    return [list(zip(map(int, i), map(float, t))) for i, t in zip(ids, lps)]
 
 
 class GenerationError(RuntimeError):

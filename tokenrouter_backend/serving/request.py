@@ -25,7 +25,14 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
 
     ``decode`` (token ids -> text, as postprocessing decodes) is needed for stop_words.
     """
-    params = defaults.request_params(inputs.params)
+    given = dict(inputs.params)
+    score_only = given.get("max_tokens") == 0  # the prompt's log-probabilities only
+    if score_only:
+        if not inputs.return_prompt_log_probs:
+            raise InvalidRequest(f"max_tokens must be in [1, {defaults.max_tokens_limit}]; 0 only with "
+                                 "return_prompt_log_probs (score the prompt, answer nothing)")
+        given["max_tokens"] = 1
+    params = defaults.request_params(given)
     prompt = inputs.prompt
     if not prompt:
         raise InvalidRequest("text_input must not be empty")
@@ -46,7 +53,9 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
         stop_sequences=split_stop_ids(list(inputs.stop_ids)),
         stop_text=stop_text(inputs.stop_words, decode),
         cache_salt=cache_salt(inputs.cache_salt, defaults.require_cache_salt),
-        logprobs=requested_logprobs(inputs.return_log_probs, inputs.top_log_probs),
+        logprobs=requested_logprobs(inputs.return_log_probs, inputs.top_log_probs, inputs.return_prompt_log_probs),
+        prompt_logprobs=bool(inputs.return_prompt_log_probs),
+        score_only=score_only,
     )
 
 

@@ -60,6 +60,7 @@ SCALAR_INPUTS = {
     "show_routing": "show_routing",  # BOOL: the final routing_stats carry "routing" runs
     "return_log_probs": "return_log_probs",  # BOOL: the answer tokens' log-probabilities (logprob_tensors.py)
     "top_log_probs": "top_log_probs",  # INT32: and the k most likely tokens at each position
+    "return_prompt_log_probs": "return_prompt_log_probs",  # BOOL: the prompt's too (max_tokens 0 allowed)
 }
 INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, *SCALAR_INPUTS.values(),
                          *PARAM_INPUTS.values()})
@@ -81,6 +82,7 @@ class RouterInputs:
     show_routing: Any = None
     return_log_probs: Any = None
     top_log_probs: Any = None
+    return_prompt_log_probs: Any = None
     cache_salt: tuple = ()  # as sent (UTF-8 bytes or str), checked by parse_cache_salt
 
 

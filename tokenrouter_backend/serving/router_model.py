@@ -210,7 +210,9 @@ class RouterModel:
                                     gen_request.logprobs)
             stats = await generate(gen_request, self.light, self.heavy, writer.emit, is_cancelled=sender.is_cancelled,
                                    hooks=admission.hooks, request_id=admission.request_id, answers=self.answers,
-                                   on_logprobs=writer.logprobs.add if writer.logprobs is not None else None)
+                                   on_logprobs=writer.logprobs.add if writer.logprobs is not None else None,
+                                   on_prompt_logprobs=writer.logprobs.add_prompt if writer.logprobs is not None
+                                   else None)
             self.ops.finish(admission, stats)
             return
         except asyncio.CancelledError:  # the task itself cancelled: still one final response

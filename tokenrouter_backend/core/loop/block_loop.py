@@ -106,6 +106,15 @@ class BlockLoop:
         self.final_from = t.final_len
         return t.advance_final(self.state.params.rollback_window)
 
+    async def prompt_logprobs(self) -> list[TokenLogprob]:
+        """The heavy model scores every prompt position (its session's first step; the loop's
+        next heavy step reads the prefill's KV): the log-probability of each prompt token after
+        the first, from what the heavy model read there."""
+        s = self.state
+        prompt = list(s.request.prompt)
+        await s.heavy.step(prompt, score_from=0, sampling=s.sampling)
+        return answer_logprobs(prompt, 1, len(prompt), ((s.heavy.branch.name, s.heavy.scores),))
+
     def final_logprobs(self) -> list[TokenLogprob]:
         """The log-probabilities of the tokens the last ``advance_final`` made final."""
         s = self.state
@@ -147,6 +156,7 @@ async def generate(
     request_id: str = "",
     answers: AnswerCache | None = None,
     on_logprobs: OnLogprobs | None = None,
+    on_prompt_logprobs: OnLogprobs | None = None,
 ) -> RequestStats:
     """Run one request to completion, calling ``emit`` whenever tokens become final.
 
@@ -154,7 +164,9 @@ async def generate(
     Both branch sessions are released whatever happens (error, cancellation). ``answers``
     (the decision cache) offers an earlier answer to the same prompt under the same cache
     salt as drafts and keeps this one. ``on_logprobs`` (the request asked for log-probabilities)
-    gets the log-probabilities of the tokens of each emit, just before it.
+    gets the log-probabilities of the tokens of each emit, just before it; with
+    ``request.prompt_logprobs``, ``on_prompt_logprobs`` gets the prompt's (all but its first
+    token) before anything is emitted. A ``score_only`` request emits no answer tokens.
     """
     started = time.perf_counter()
     p = request.params
@@ -164,6 +176,16 @@ async def generate(
     prior = answers.get(request.prompt, request.cache_salt) if use else ()
     loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id, prior=prior)
     try:
+        if request.prompt_logprobs:
+            scored = await loop.prompt_logprobs()
+            if on_prompt_logprobs is not None:
+                on_prompt_logprobs(scored)
+        if request.score_only:
+            stats = loop.finish_stats(started)
+            stats.finish_reason = "length"  # max_tokens 0
+            stats.first_token_ms = stats.first_token_ms or stats.total_ms
+            await _maybe_await(emit([], stats, True))
+            return stats
         while not loop.done:
             if is_cancelled():
                 raise RequestCancelled("request cancelled by the client")

@@ -39,6 +39,8 @@ class GenerationRequest:
     cache_salt: str = ""  # the tenant whose answer cache and KV prefix blocks it may share ("" = salt-less)
     queued_ms: float = 0.0  # waited for admission before the loop began (reported in stats)
     logprobs: int = -1  # the answer's log-probabilities: -1 none, 0 the tokens', k > 0 also the top k
+    prompt_logprobs: bool = False  # also the prompt's (the heavy model scores every prompt position once)
+    score_only: bool = False  # no answer at all: the prompt's log-probabilities only (max_tokens 0)
 
     @property
     def stop(self) -> StopCriteria:
