@@ -169,3 +169,36 @@ def test_prompt_log_probs_score_the_prompt_once_and_max_tokens_0_answers_nothing
     assert len(both.logprobs.prompt_log_probs) == both.stats["prompt_tokens"] - 1
     with pytest.raises(GenerationError, match="max_tokens"):
         generate_http(url(server), PROMPTS[0], max_tokens=0, router_mode="verify")
+
+
+def test_openai_echo_logprobs_scores_the_prompt(front, server):
+    """lm-eval's loglikelihood request: echo, logprobs, max_tokens 0 — the prompt's tokens with
+    the heavy model's numbers, the first null (as OpenAI and vLLM answer; the ``openai``
+    package's ``Completion`` type says float, so strict ``model_validate`` refuses that null,
+    while the client itself reads it), the same numbers the ensemble returns."""
+    openai = pytest.importorskip("openai")
+
+    prompt = PROMPTS[2]
+    ref = generate_http(url(server), prompt, max_tokens=0, return_prompt_log_probs=True, top_log_probs=1,
+                        router_mode="verify", **NO_REUSE)
+    client = openai.OpenAI(base_url=front.url, api_key="none")
+    done = client.completions.create(model="tokenrouter", prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                     temperature=0, extra_body=NO_REUSE)
+    lp = done.choices[0].logprobs
+    assert done.choices[0].text == prompt and done.usage.completion_tokens == 0
+    assert len(lp.tokens) == done.usage.prompt_tokens == ref.stats["prompt_tokens"]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    np.testing.assert_allclose(lp.token_logprobs[1:], ref.logprobs.prompt_log_probs, atol=1e-4)
+    assert [list(t.values())[0] for t in lp.top_logprobs[1:]] == pytest.approx(
+        [top[0][1] for top in ref.logprobs.prompt_top], abs=1e-4)
+    assert "".join(lp.tokens) == prompt or any("\ufffd" in t for t in lp.tokens)
+    # with an answer: the prompt's tokens, then the answer's (streamed: the same)
+    done = client.completions.create(model="tokenrouter", prompt=prompt, max_tokens=6, echo=True, logprobs=1,
+                                     temperature=0, extra_body=NO_REUSE)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == done.usage.prompt_tokens + done.usage.completion_tokens
+    assert done.choices[0].text.startswith(prompt)
+    events = client.completions.create(model="tokenrouter", prompt=prompt, max_tokens=6, echo=True, logprobs=1,
+                                       temperature=0, extra_body=NO_REUSE, stream=True)
+    streamed = [t for e in events if e.choices and e.choices[0].logprobs for t in e.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens

@@ -66,7 +66,8 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
     (chat, {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     (completion, {"logprobs": 6}, "logprobs"),
     (completion, {"logprobs": -1}, "logprobs"),
-    (completion, {"logprobs": 1, "echo": True}, "echo"),  # the prompt's log-probabilities
+    (completion, {"max_tokens": 0}, "max_tokens"),  # 0 only to score the prompt (echo and logprobs)
+    (completion, {"max_tokens": 0, "echo": True}, "max_tokens"),
     (chat, {"response_format": {"type": "json_object"}}, "response_format"),
     (chat, {"temperature": 1e-38}, "temperature"),  # 0 < T < MIN_TEMPERATURE: NaN probabilities
     (completion, {"temperature": 0.009}, "temperature"),

@@ -199,12 +199,13 @@ async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Re
 
 
 async def _collect(pieces) -> tuple[str, dict, list]:
+    """The answer's text, its last stats, and its tokens' scores (the prompt's first when asked)."""
     text, stats, entries = [], {}, []
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
             text.append(piece.text)
             stats = piece.stats
-            entries += piece.logprobs
+            entries += piece.prompt_logprobs + piece.logprobs
     return "".join(text), stats, entries
 
 
@@ -215,10 +216,10 @@ async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, pref
     came with its text (a response whose tokens end in part of a character has no text yet:
     its tokens' logprobs wait for the next chunk)."""
     async with contextlib.aclosing(pieces):
-        stats, held = first.stats, list(first.logprobs)
-        yield reply.chunk(prefix + first.text, first=True,
-                          logprobs=scores.of(held) if scores and (first.text or not held) else None)
-        if first.text or not scores:
+        stats, held = first.stats, first.prompt_logprobs + first.logprobs
+        opening = prefix + first.text
+        yield reply.chunk(opening, first=True, logprobs=scores.of(held) if scores and (opening or not held) else None)
+        if opening or not scores:
             held = []
         try:
             async for piece in pieces:

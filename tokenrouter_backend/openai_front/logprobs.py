@@ -2,7 +2,8 @@
 
 Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}``;
 completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``.
-Each token's text is the served tokenizer's decoding of that one token (as vLLM writes it;
+With ``echo`` the prompt's tokens come first, the first of them with null numbers (as
+OpenAI's). Each token's text is the served tokenizer's decoding of that one token (as vLLM writes it;
 a token holding part of a UTF-8 character decodes to U+FFFD) and its ``bytes`` the token's
 own bytes (a byte-level BPE token's exact bytes). The extension field ``branch`` (chat, per
 token) / ``branches`` (completions, per choice) says whose number it is: ``heavy``,
@@ -24,7 +25,7 @@ class TokenScores:
     """One answer token as the router reported it."""
 
     token: int
-    logprob: float
+    logprob: Optional[float]  # None: a prompt's first token (nothing before it to score it)
     branch: str  # "heavy" / "light" / "" (no model scored it)
     top: tuple[tuple[int, float], ...] = ()
 
@@ -55,8 +56,8 @@ class TokenText:
         return list(self.text(token).encode("utf-8"))
 
 
-def _number(lp: float) -> float:
-    return lp if math.isfinite(lp) else NO_LOGPROB
+def _number(lp: Optional[float]) -> Optional[float]:
+    return lp if lp is None or math.isfinite(lp) else NO_LOGPROB
 
 
 def chat_logprobs(entries: list[TokenScores], words: TokenText, top: int) -> dict:
@@ -79,7 +80,8 @@ def completion_logprobs(entries: list[TokenScores], words: TokenText, top: int, 
     return {
         "tokens": tokens,
         "token_logprobs": [_number(e.logprob) for e in entries],
-        "top_logprobs": [{words.text(t): _number(lp) for t, lp in e.top[:top]} for e in entries] if top else None,
+        "top_logprobs": [None if e.logprob is None else {words.text(t): _number(lp) for t, lp in e.top[:top]}
+                         for e in entries],
         "text_offset": offsets,
         "branches": [e.branch or None for e in entries],
     }

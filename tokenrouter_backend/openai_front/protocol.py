@@ -26,6 +26,7 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1  # the ensemble's integer input
 # carries them, so nothing wraps on the way; the router's own ranges (max_tokens_limit, ...) apply after
 Int32 = Annotated[int, Strict(), Field(ge=INT32_MIN, le=INT32_MAX)]
 Count = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+Length = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]  # completions' max_tokens: 0 scores the prompt
 Seed = Annotated[int, Strict(), Field(ge=0, le=SEED_MAX)]
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "prompt_cache_key", "safety_identifier"})
@@ -149,6 +150,7 @@ class CompletionBody(GenerationBody):
     suffix: Optional[str] = None
     best_of: Optional[Count] = None
     logprobs: Optional[Int32] = None
+    max_tokens: Optional[Length] = None
 
     def check(self) -> None:
         super().check()
@@ -159,13 +161,19 @@ class CompletionBody(GenerationBody):
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
             raise OpenAIError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]; got {self.logprobs}",
                               param="logprobs")
-        if self.logprobs is not None and self.echo:
-            raise OpenAIError("echo with logprobs (the prompt's log-probabilities) is not supported; "
-                              "ask for one or the other", param="echo")
+        if self.max_tokens == 0 and not (self.echo and self.logprobs is not None):
+            raise OpenAIError("max_tokens must be at least 1; 0 only with echo and logprobs (score the prompt)",
+                              param="max_tokens")
         self.prompt_text()
 
     def logprob_count(self) -> int:
         return -1 if self.logprobs is None else self.logprobs
+
+    def knobs(self) -> dict[str, Any]:
+        knobs = super().knobs()
+        if self.echo and self.logprobs is not None:  # the echoed prompt's log-probabilities too
+            knobs["return_prompt_log_probs"] = True
+        return knobs
 
     def prompt_text(self) -> str:
         """The one text prompt (a list of one string is accepted); token-id prompts are refused."""

@@ -43,6 +43,22 @@ class Piece:
     text: str
     stats: dict = field(default_factory=dict)
     logprobs: list[TokenScores] = field(default_factory=list)
+    prompt_logprobs: list[TokenScores] = field(default_factory=list)  # return_prompt_log_probs: first response
+
+
+def _prompt_scores(result, prompt_ids: np.ndarray) -> list[TokenScores]:
+    """The prompt's tokens with the heavy model's numbers (the first token has none)."""
+    lps = result.as_numpy("prompt_log_probs")
+    if lps is None or lps.size == 0:
+        return []
+    lps = lps.reshape(-1)
+    top_ids, top_lps = result.as_numpy("prompt_top_ids"), result.as_numpy("prompt_top_log_probs")
+    k = top_ids.size // len(lps)
+    top_ids, top_lps = top_ids.reshape(len(lps), k), top_lps.reshape(len(lps), k)
+    ids = prompt_ids.tolist()
+    return [TokenScores(int(ids[0]), None, "", ())] + [
+        TokenScores(int(t), float(lp), "heavy", tuple(zip(map(int, ti), map(float, tl))))
+        for t, lp, ti, tl in zip(ids[1:], lps.tolist(), top_ids, top_lps)]
 
 
 def _token_scores(result) -> list[TokenScores]:
@@ -99,6 +115,7 @@ async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], req
                                    outputs=[grpcclient.InferRequestedOutput(n) for n in PRE_OUTPUTS],
                                    request_id=request_id, client_timeout=timeout_s), PREPROCESSING)
     router_inputs = [_tensor(grpcclient, n, pre.as_numpy(n)) for n in PRE_OUTPUTS]
+    prompt_ids = pre.as_numpy("INPUT_ID").reshape(-1)
     router_inputs += [t for t in inputs if t.name() not in PRE_ONLY_INPUTS]
     finished = asyncio.Event()
     request = {"model_name": ROUTER, "inputs": router_inputs, "request_id": request_id,
@@ -116,6 +133,7 @@ async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], req
             if result.as_numpy("OUTPUT_IDS") is not None:
                 piece = await _post(client, grpcclient, result, request_id, timeout_s)
                 piece.logprobs = _token_scores(result)
+                piece.prompt_logprobs = _prompt_scores(result, prompt_ids)
                 yield piece
             final = result.get_response().parameters.get(FINAL_FLAG)
             if final is not None and final.bool_param:
