@@ -5,8 +5,11 @@ body parser's worker processes (``parsing.py``) live as long as the app (lifespa
 are read within ``max_body_bytes`` and streams at the client's pace (``transport.py``); the
 body is parsed and validated in a worker process and the chat template renders in a bounded
 worker thread, so the event loop only moves bytes. Streams are answered with HTTP 200 only
-once the first response arrived, so a refused request gets its HTTP status; later errors
-become one ``data: {"error": ...}`` event before ``data: [DONE]``.
+once the first response arrived (of every prompt, for a completion with several), so a
+refused request gets its HTTP status; later errors become one ``data: {"error": ...}`` event
+before ``data: [DONE]``. Each prompt of a completion is a generation of its own, all at once
+(``fanout.py``). ``/tokenize`` and ``/detokenize`` (vLLM's) ask the served models
+(``served_tokenizer.py``).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import anyio
 from fastapi import FastAPI, Request
@@ -25,9 +28,11 @@ from starlette.exceptions import HTTPException
 
 from .chat_template import ChatTemplate
 from .errors import OpenAIError, not_found, server_error, unavailable
-from .parsing import BodyParser, Limits
-from .protocol import GenerationBody
+from .fanout import Fanout
+from .parsing import Body, BodyParser, Limits
+from .protocol import GenerationBody, Prompt, TokenizeChatBody
 from .responses import DONE, PUBLIC_MODEL, Endpoint, Reply, model_card, models_list, sse
+from .served_tokenizer import repository_max_context, text_of, token_ids
 from .transport import BodyLimit, StalledStream
 from .triton_stream import Piece, generate
 
@@ -57,6 +62,7 @@ def create_app(config: FrontConfig) -> FastAPI:
     started = int(time.time())
     parser = BodyParser(config.limits)
     renderers = anyio.CapacityLimiter(config.limits.parse_workers)
+    max_model_len = repository_max_context(config.tokenizer_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -106,22 +112,43 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def completions(request: Request):
         body = await parser.parse("completion", await request.body())
         _check_model(body)
-        prefix = body.prompt_text() if body.echo else ""
-        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompt_text(), prefix)
+        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompts(), body.echo)
+
+    async def render(messages: list[dict[str, str]], generation_prompt: bool = True):
+        """The chat prompt and its contents' spans (None: special-token text is control tokens)."""
+        if chat is None:
+            raise OpenAIError("this front was started without the exported tokenizer: no chat template",
+                              param="messages", code="chat_template_missing")
+        if config.chat_special_tokens:  # the old behaviour: content's special-token text is control tokens
+            return await anyio.to_thread.run_sync(chat.render, messages, generation_prompt, limiter=renderers), None
+        return await anyio.to_thread.run_sync(chat.render_with_spans, messages, generation_prompt,
+                                              limiter=renderers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parser.parse("chat", await request.body())
         _check_model(body)
-        if chat is None:
-            raise OpenAIError("this front was started without the exported tokenizer: no chat template",
-                              param="messages", code="chat_template_missing")
-        messages = body.template_messages()
-        if config.chat_special_tokens:  # the old behaviour: content's special-token text is control tokens
-            prompt, spans = await anyio.to_thread.run_sync(chat.render, messages, limiter=renderers), None
+        prompt, spans = await render(body.template_messages())
+        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, [prompt], False, spans)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's: a prompt, or chat messages as the chat endpoint renders them, as generation's ids."""
+        body = await parser.parse("tokenize", await request.body())
+        _check_model(body)
+        if isinstance(body, TokenizeChatBody):
+            (text, spans), param = await render(body.template_messages(), body.add_generation_prompt), "messages"
         else:
-            prompt, spans = await anyio.to_thread.run_sync(chat.render_with_spans, messages, limiter=renderers)
-        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "", spans)
+            text, spans, param = body.prompt, None, "prompt"
+        ids = await token_ids(app.state.triton, text, body.add_special_tokens, config.request_timeout_s, param, spans)
+        return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's: token ids as the text an answer made of them shows."""
+        body = await parser.parse("detokenize", await request.body())
+        _check_model(body)
+        return {"prompt": await text_of(app.state.triton, body.tokens, config.request_timeout_s, "tokens")}
 
     return app
 
@@ -138,60 +165,76 @@ async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
                         status_code=exc.status_code)
 
 
-def _check_model(body: GenerationBody) -> None:
-    if body.model != PUBLIC_MODEL:
+def _check_model(body: Body) -> None:
+    optional = not isinstance(body, GenerationBody)  # vLLM's tokenizer bodies may leave `model` out
+    if body.model != PUBLIC_MODEL and not (optional and body.model is None):
         raise not_found(f"The model '{body.model}' does not exist (this server serves '{PUBLIC_MODEL}')",
                         "model_not_found")
 
 
 async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
-                  prompt: str, prefix: str, content_spans: Optional[list[int]] = None) -> Response:
-    pieces = generate(app.state.triton, prompt, body.stream, body.knobs(), reply.id, config.request_timeout_s,
-                      content_spans)
+                  prompts: Sequence[Prompt], echo: bool, content_spans: Optional[list[int]] = None) -> Response:
+    """Every prompt generated at once, one choice each in the prompts' order."""
+    several = len(prompts) > 1
+    fanout = Fanout([generate(app.state.triton, prompt, body.stream, body.knobs(),
+                              f"{reply.id}-{i}" if several else reply.id, config.request_timeout_s, content_spans)
+                     for i, prompt in enumerate(prompts)])
+    streaming = False
     try:
         if not body.stream:
-            text, stats = await _until_disconnected(request, _collect(pieces), config.disconnect_poll_s)
-            return JSONResponse(reply.body(prefix + text, stats))
-        first = await _until_disconnected(request, anext(pieces, None), config.disconnect_poll_s)
+            answers = await _until_disconnected(request, fanout.collect(), config.disconnect_poll_s)
+            prefixes = await _echoes(app, config, prompts, echo)
+            return JSONResponse(reply.batch_body([(p + text, stats) for p, (text, stats) in zip(prefixes, answers)]))
+        firsts = await _until_disconnected(request, fanout.started(), config.disconnect_poll_s)
+        if any(first is None for first in firsts):
+            raise server_error("the server ended the stream without an answer")
+        prefixes = await _echoes(app, config, prompts, echo)
+        streaming = True
+        return StalledStream(_events(reply, body, firsts, fanout, prefixes), config.stream_stall_s)
     except ClientGone:
-        await pieces.aclose()
         return Response(status_code=CLIENT_GONE_STATUS)
-    except OpenAIError:
-        await pieces.aclose()
-        raise
-    if first is None:
-        raise server_error("the server ended the stream without an answer")
-    return StalledStream(_events(reply, body, first, pieces, prefix), config.stream_stall_s)
+    finally:
+        if not streaming:
+            await fanout.aclose()
 
 
-async def _collect(pieces) -> tuple[str, dict]:
-    text, stats = [], {}
-    async with contextlib.aclosing(pieces):
-        async for piece in pieces:
-            text.append(piece.text)
-            stats = piece.stats
-    return "".join(text), stats
+async def _echoes(app: FastAPI, config: FrontConfig, prompts: Sequence[Prompt], echo: bool) -> list[str]:
+    """What ``echo`` puts before each answer: the prompt's text (a token-id prompt's as
+    ``postprocessing`` decodes it); empty strings without ``echo``."""
+    async def text(prompt: Prompt) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return await text_of(app.state.triton, prompt, config.request_timeout_s, "prompt")
+
+    return list(await asyncio.gather(*(text(p) for p in prompts))) if echo else [""] * len(prompts)
 
 
-async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, prefix: str):
-    """SSE events; a disconnect or a stalled client closes this generator, and closing ``pieces``
-    cancels the generation."""
-    async with contextlib.aclosing(pieces):
-        stats = first.stats
-        yield reply.chunk(prefix + first.text, first=True)
+async def _events(reply: Reply, body: GenerationBody, firsts: list[Piece], fanout: Fanout, prefixes: list[str]):
+    """SSE events: each choice's first chunk (by index), then the pieces as they come, each
+    choice's last chunk (its ``finish_reason`` and ``routing_stats``) when it ends; a
+    disconnect or a stalled client closes this generator, and closing ``fanout`` cancels
+    every generation."""
+    try:
+        stats = [first.stats for first in firsts]
+        for index, first in enumerate(firsts):
+            yield reply.chunk(prefixes[index] + first.text, first=True, index=index)
         try:
-            async for piece in pieces:
-                stats = piece.stats
+            async for index, piece in fanout.events():
+                if piece is None:
+                    yield reply.chunk("", stats[index], index=index)
+                    continue
+                stats[index] = piece.stats
                 if piece.text:
-                    yield reply.chunk(piece.text)
+                    yield reply.chunk(piece.text, index=index)
         except OpenAIError as err:
             yield sse(err.body())
             yield DONE
             return
-        yield reply.chunk("", stats)
         if body.include_usage:
-            yield reply.usage_chunk(stats)
+            yield reply.usage_chunk(*stats)
         yield DONE
+    finally:
+        await fanout.aclose()
 
 
 async def _until_disconnected(request: Request, awaitable, poll_s: float):
