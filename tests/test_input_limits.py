@@ -123,9 +123,9 @@ class SpyTokenizer:
     def __init__(self, tokenizer):
         self.tokenizer, self.calls = tokenizer, 0
 
-    def encode(self, text):
+    def encode(self, text, **kwargs):
         self.calls += 1
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(text, **kwargs)
 
     def get_vocab_size(self, with_added_tokens=True):
         return self.tokenizer.get_vocab_size(with_added_tokens=with_added_tokens)
@@ -155,6 +155,33 @@ def test_preprocessing_refuses_oversized_text_without_tokenizing(preprocessing):
     ok = preprocessing.execute([{"text_input": np.array([[b"x" * 64]], dtype=np.object_)}])[0]
     assert ok.error is None and ok.tensors["INPUT_ID"].size > 0
     assert preprocessing.tokenizer.calls == 1
+
+
+def test_preprocessing_passes_a_token_id_prompt_through_checked(preprocessing):
+    vocab = preprocessing.vocab_size
+    ok = preprocessing.execute([{"input_ids": np.array([[3, 0, vocab - 1]], dtype=np.int32)}])[0]
+    assert ok.error is None and ok.tensors["INPUT_ID"].tolist() == [[3, 0, vocab - 1]]
+    assert ok.tensors["END_ID"].tolist() == [[-1]] and preprocessing.tokenizer.calls == 0
+    refusals = {
+        "input_ids[1] is": {"input_ids": np.array([[3, vocab]], dtype=np.int32)},
+        "input_ids[0] is -1": {"input_ids": np.array([[-1]], dtype=np.int32)},
+        "input_ids has 65 entries; at most 64": {"input_ids": np.full((1, 65), -5, dtype=np.int32)},  # count first
+        "input_ids must hold at least one": {"input_ids": np.zeros((1, 0), dtype=np.int32)},
+        "input_ids must not come with text_input": {"input_ids": np.array([[3]], dtype=np.int32),
+                                                    "text_input": np.array([[b"x"]], dtype=np.object_)},
+    }
+    for message, request in refusals.items():
+        assert message in preprocessing.execute([request])[0].error.message(), message
+    assert preprocessing.tokenizer.calls == 0
+
+
+def test_preprocessing_adds_special_tokens_unless_asked_not_to(preprocessing):
+    text = {"text_input": np.array([[b"def f(x):"]], dtype=np.object_)}
+    with_special = preprocessing.execute([text])[0].tensors["INPUT_ID"].reshape(-1).tolist()
+    without = preprocessing.execute([{**text, "add_special_tokens": np.array([[False]])}])[0]
+    assert without.tensors["INPUT_ID"].reshape(-1).tolist() == \
+        preprocessing.tokenizer.encode("def f(x):", add_special_tokens=False).ids
+    assert len(without.tensors["INPUT_ID"].reshape(-1)) <= len(with_special)
 
 
 def test_preprocessing_sizes_its_scalars_and_answers_failures_by_name(preprocessing):

@@ -202,3 +202,16 @@ def test_openai_echo_logprobs_scores_the_prompt(front, server):
                                        temperature=0, extra_body=NO_REUSE, stream=True)
     streamed = [t for e in events if e.choices and e.choices[0].logprobs for t in e.choices[0].logprobs.tokens]
     assert streamed == lp.tokens
+
+
+def test_openai_several_prompts_each_choice_has_its_own_logprobs(front):
+    from openai.types import Completion
+
+    body = {"model": "tokenrouter", "max_tokens": 6, "temperature": 0, "logprobs": 1, **NO_REUSE}
+    alone = [Completion.model_validate(requests.post(f"{front.url}/completions", json={**body, "prompt": p},
+                                                     timeout=120).json()).choices[0].logprobs for p in PROMPTS[:2]]
+    both = Completion.model_validate(requests.post(f"{front.url}/completions", json={**body, "prompt": PROMPTS[:2]},
+                                                   timeout=120).json())
+    for choice, single in zip(both.choices, alone):
+        assert choice.logprobs.tokens == single.tokens and choice.logprobs.text_offset == single.text_offset
+        np.testing.assert_allclose(choice.logprobs.token_logprobs, single.token_logprobs, atol=1e-3)

@@ -14,7 +14,15 @@ from tokenrouter_backend.core.loop.block_loop import RequestCancelled
 from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, KVBudgetFull
 from tokenrouter_backend.core.text.stop_text import parse_stop_words
 from tokenrouter_backend.openai_front.errors import OpenAIError, from_server
-from tokenrouter_backend.openai_front.protocol import ChatBody, CompletionBody
+from tokenrouter_backend.openai_front.parsing import Limits, parse
+from tokenrouter_backend.openai_front.protocol import (
+    INT32_MAX,
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    TokenizeChatBody,
+    TokenizeCompletionBody,
+)
 from tokenrouter_backend.openai_front.responses import Endpoint, Reply
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig
 from tokenrouter_backend.server.ports import free_ports
@@ -56,8 +64,9 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
     (completion, {"presence_penalty": 0.5}, "presence_penalty"),
     (completion, {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     (completion, {"stop": [""]}, "stop"),
-    (completion, {"prompt": [1, 2, 3]}, "prompt"),
-    (completion, {"prompt": ["a", "b"]}, "prompt"),
+    (completion, {"prompt": []}, "prompt"),
+    (completion, {"prompt": [[1], []]}, "prompt"),
+    (completion, {"prompt": [1, -1]}, "prompt"),
     (completion, {"suffix": "}"}, "suffix"),
     (completion, {"best_of": 2}, "best_of"),
     (completion, {"stream_options": {"include_usage": True}}, "stream_options"),
@@ -76,6 +85,85 @@ def test_unsupported_fields_are_refused_by_name(build, fields, param):
     with pytest.raises(OpenAIError) as info:
         build(**fields)
     assert info.value.param == param and info.value.status == 400 and param in info.value.message
+
+
+@pytest.mark.parametrize("prompt, prompts", [
+    ("a", ["a"]),
+    (["a"], ["a"]),
+    (["a", "b", "c"], ["a", "b", "c"]),
+    ([1, 2, 3], [[1, 2, 3]]),  # one token-id prompt
+    ([[1, 2], [3], [4, 5, 6]], [[1, 2], [3], [4, 5, 6]]),
+    ([0, INT32_MAX], [[0, INT32_MAX]]),
+])
+def test_prompt_shapes_as_openai_and_vllm_take_them(prompt, prompts):
+    body = completion(prompt=prompt)
+    assert body.prompts() == prompts
+    assert body.prompt_texts() == [p for p in prompts if isinstance(p, str)]
+
+
+@pytest.mark.parametrize("prompt, where", [
+    ([], "prompt must not be empty"),
+    ("", "prompt must not be empty"),
+    ([[]], "prompt must not be empty"),
+    (["a", ""], "prompt[1] is empty"),
+    ([[1], []], "prompt[1] is empty"),
+    ([1, -1], "prompt[1] must be a token id"),
+    ([1, INT32_MAX + 1], "prompt[1] must be a token id"),
+    ([1, True], "prompt[1] must be a token id"),  # JSON true is no token id
+    ([1, 2.0], "prompt[1] must be a token id"),
+    ([1, "a"], "prompt[1] must be a token id"),
+    (["a", 1], "prompt[1] must be a string"),
+    ([[1], "a"], "prompt[1] must be a list of token ids"),
+    ([[1], [2, None]], "prompt[1][1] must be a token id"),
+    ([None], "prompt[0] must be a token id"),
+])
+def test_malformed_prompts_are_refused_naming_the_prompt(prompt, where):
+    with pytest.raises(OpenAIError) as info:
+        completion(prompt=prompt)
+    assert info.value.param == "prompt" and info.value.status == 400 and where in info.value.message
+
+
+def test_prompt_count_and_bytes_are_bounded_by_the_limits():
+    data = json.dumps({"model": "tokenrouter", "prompt": [[1]] * 3}).encode()
+    assert isinstance(parse("completion", data, 1 << 20, max_prompts=3), CompletionBody)
+    refused = parse("completion", data, 1 << 20, max_prompts=2)
+    assert refused["param"] == "prompt" and refused["code"] == "array_above_max_length"
+    assert "3 prompts; at most 2" in refused["message"]
+    # the bytes of every text prompt count against max_prompt_bytes
+    texts = json.dumps({"model": "tokenrouter", "prompt": ["a" * 60, "b" * 60]}).encode()
+    assert isinstance(parse("completion", texts, 120), CompletionBody)
+    assert parse("completion", texts, 119)["code"] == "string_above_max_length"
+    with pytest.raises(ValueError, match="max_prompts"):
+        Limits(max_prompts=0)
+
+
+@pytest.mark.parametrize("fields, kind, param", [
+    ({"prompt": "x", "add_special_tokens": "maybe"}, "tokenize", "add_special_tokens"),
+    ({"prompt": "x", "return_token_strs": True}, "tokenize", "return_token_strs"),
+    ({"prompt": "x", "frobnicate": 1}, "tokenize", "frobnicate"),
+    ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, "tokenize",
+     "continue_final_message"),
+    ({"messages": []}, "tokenize", "messages"),
+    ({"tokens": [1, -2]}, "detokenize", "tokens"),
+    ({"tokens": [1, 2.5]}, "detokenize", "tokens"),
+    ({"tokens": "abc"}, "detokenize", "tokens"),
+])
+def test_tokenizer_bodies_are_refused_by_name(fields, kind, param):
+    refused = parse(kind, json.dumps({"model": "tokenrouter", **fields}).encode(), 1 << 20)
+    assert isinstance(refused, dict) and refused["param"] == param and refused["status"] == 400, refused
+
+
+def test_tokenizer_bodies_as_vllm_sends_them():
+    plain = parse("tokenize", b'{"prompt": "hi"}', 1 << 20)
+    assert isinstance(plain, TokenizeCompletionBody) and plain.model is None and plain.add_special_tokens
+    chat_body = parse("tokenize", json.dumps({"model": "tokenrouter", "messages": [{"role": "user", "content": "hi"}],
+                                              "add_generation_prompt": False}).encode(), 1 << 20)
+    assert isinstance(chat_body, TokenizeChatBody) and not chat_body.add_generation_prompt
+    assert chat_body.template_messages() == [{"role": "user", "content": "hi"}]
+    assert chat_body.add_special_tokens  # as the chat endpoint tokenizes (vLLM's default is false)
+    detok = parse("detokenize", b'{"model": "tokenrouter", "tokens": [5, 0, 7]}', 1 << 20)
+    assert isinstance(detok, DetokenizeBody) and detok.tokens == [5, 0, 7]
+    assert parse("detokenize", b'{"tokens": []}', 1 << 20).tokens == []
 
 
 def test_harmless_fields_are_accepted():
@@ -201,6 +289,24 @@ def test_response_bodies_and_chunks():
     assert json.loads(reply.usage_chunk(stats)[len("data: "):])["choices"] == []
     first = json.loads(Reply(Endpoint.CHAT).chunk("a", first=True)[len("data: "):])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
+
+
+def test_several_prompts_give_a_choice_each_with_its_stats_and_summed_usage():
+    a = {"prompt_tokens": 4, "generated_tokens": 3, "finish_reason": "length"}
+    b = {"prompt_tokens": 2, "generated_tokens": 5, "finish_reason": "end_id"}
+    reply = Reply(Endpoint.COMPLETION)
+    body = reply.batch_body([("x", a), ("y", b)])
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [(0, "x", "length"),
+                                                                                       (1, "y", "stop")]
+    assert [c["routing_stats"] for c in body["choices"]] == [a, b] and "routing_stats" not in body
+    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 8, "total_tokens": 14}
+    one = reply.batch_body([("x", a)])
+    assert one == reply.body("x", a) and one["routing_stats"] == a and "routing_stats" not in one["choices"][0]
+    last = json.loads(reply.chunk("", b, index=1)[len("data: "):])
+    assert last["choices"][0]["index"] == 1 and last["routing_stats"] == b
+    assert json.loads(reply.usage_chunk(a, b)[len("data: "):])["usage"]["total_tokens"] == 14
+    openai = pytest.importorskip("openai")
+    openai.types.Completion.model_validate(body)
 
 
 def test_an_error_echoing_a_lone_surrogate_is_still_json():

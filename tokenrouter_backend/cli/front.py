@@ -38,13 +38,17 @@ def add_limit_arguments(parser, prefix: str = "") -> None:
     parser.add_argument(f"--{prefix}max-prompt-bytes", type=int, default=None,
                         help="largest prompt, or all chat messages' text, in UTF-8 bytes (default 1 MiB, "
                              "the server's max_input_bytes)")
+    parser.add_argument(f"--{prefix}max-prompts", type=int, default=None,
+                        help="most prompts one completion may hold (a list `prompt`; each is generated as a "
+                             "request of its own; default 64)")
 
 
 def front_limits(args: argparse.Namespace, prefix: str = ""):
     """``Limits`` from the options ``add_limit_arguments`` added (the defaults where not given)."""
     from tokenrouter_backend.openai_front.parsing import Limits
 
-    given = {name: getattr(args, f"{prefix}{name}") for name in ("max_body_bytes", "max_prompt_bytes")}
+    given = {name: getattr(args, f"{prefix}{name}") for name in ("max_body_bytes", "max_prompt_bytes",
+                                                                      "max_prompts")}
     return Limits(**{name: value for name, value in given.items() if value is not None})
 
 

@@ -5,8 +5,11 @@ body parser's worker processes (``parsing.py``) live as long as the app (lifespa
 are read within ``max_body_bytes`` and streams at the client's pace (``transport.py``); the
 body is parsed and validated in a worker process and the chat template renders in a bounded
 worker thread, so the event loop only moves bytes. Streams are answered with HTTP 200 only
-once the first response arrived, so a refused request gets its HTTP status; later errors
-become one ``data: {"error": ...}`` event before ``data: [DONE]``.
+once the first response arrived (of every prompt, for a completion with several), so a
+refused request gets its HTTP status; later errors become one ``data: {"error": ...}`` event
+before ``data: [DONE]``. Each prompt of a completion is a generation of its own, all at once
+(``fanout.py``). ``/tokenize`` and ``/detokenize`` (vLLM's) ask the served models
+(``served_tokenizer.py``).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import anyio
 from fastapi import FastAPI, Request
@@ -26,9 +29,11 @@ from starlette.exceptions import HTTPException
 from .chat_template import ChatTemplate
 from .logprobs import TokenText, chat_logprobs, completion_logprobs, next_offset
 from .errors import OpenAIError, not_found, server_error, unavailable
-from .parsing import BodyParser, Limits
-from .protocol import GenerationBody
+from .fanout import Fanout
+from .parsing import Body, BodyParser, Limits
+from .protocol import GenerationBody, Prompt, TokenizeChatBody
 from .responses import DONE, PUBLIC_MODEL, Endpoint, Reply, model_card, models_list, sse
+from .served_tokenizer import repository_max_context, text_of, token_ids
 from .transport import BodyLimit, StalledStream
 from .triton_stream import Piece, generate
 
@@ -59,6 +64,7 @@ def create_app(config: FrontConfig) -> FastAPI:
     started = int(time.time())
     parser = BodyParser(config.limits)
     renderers = anyio.CapacityLimiter(config.limits.parse_workers)
+    max_model_len = repository_max_context(config.tokenizer_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -108,43 +114,65 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def completions(request: Request):
         body = await parser.parse("completion", await request.body())
         _check_model(body)
-        prefix = body.prompt_text() if body.echo else ""
         scores = _scores(body, words, Endpoint.COMPLETION)
-        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompt_text(), prefix,
+        return await _answer(app, config, request, Reply(Endpoint.COMPLETION), body, body.prompts(), body.echo,
                              scores=scores)
+
+    async def render(messages: list[dict[str, str]], generation_prompt: bool = True):
+        """The chat prompt and its contents' spans (None: special-token text is control tokens)."""
+        if chat is None:
+            raise OpenAIError("this front was started without the exported tokenizer: no chat template",
+                              param="messages", code="chat_template_missing")
+        if config.chat_special_tokens:  # the old behaviour: content's special-token text is control tokens
+            return await anyio.to_thread.run_sync(chat.render, messages, generation_prompt, limiter=renderers), None
+        return await anyio.to_thread.run_sync(chat.render_with_spans, messages, generation_prompt,
+                                              limiter=renderers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parser.parse("chat", await request.body())
         _check_model(body)
-        if chat is None:
-            raise OpenAIError("this front was started without the exported tokenizer: no chat template",
-                              param="messages", code="chat_template_missing")
-        messages = body.template_messages()
-        if config.chat_special_tokens:  # the old behaviour: content's special-token text is control tokens
-            prompt, spans = await anyio.to_thread.run_sync(chat.render, messages, limiter=renderers), None
-        else:
-            prompt, spans = await anyio.to_thread.run_sync(chat.render_with_spans, messages, limiter=renderers)
-        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, prompt, "", spans,
+        prompt, spans = await render(body.template_messages())
+        return await _answer(app, config, request, Reply(Endpoint.CHAT), body, [prompt], False, spans,
                              _scores(body, words, Endpoint.CHAT))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's: a prompt, or chat messages as the chat endpoint renders them, as generation's ids."""
+        body = await parser.parse("tokenize", await request.body())
+        _check_model(body)
+        if isinstance(body, TokenizeChatBody):
+            (text, spans), param = await render(body.template_messages(), body.add_generation_prompt), "messages"
+        else:
+            text, spans, param = body.prompt, None, "prompt"
+        ids = await token_ids(app.state.triton, text, body.add_special_tokens, config.request_timeout_s, param, spans)
+        return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's: token ids as the text an answer made of them shows."""
+        body = await parser.parse("detokenize", await request.body())
+        _check_model(body)
+        return {"prompt": await text_of(app.state.triton, body.tokens, config.request_timeout_s, "tokens")}
 
     return app
 
 
 @dataclass
 class Scores:
-    """How a request's answer tokens' log-probabilities become OpenAI's ``logprobs``."""
+    """How one request's tokens' log-probabilities become OpenAI's ``logprobs`` (per choice)."""
 
     endpoint: Endpoint
     words: TokenText
     top: int
-    offset: int = 0  # completions: the text offset of the next token
+    offsets: dict = None  # completions: each choice's text offset of its next token
 
-    def of(self, entries: list) -> dict:
+    def of(self, entries: list, index: int = 0) -> dict:
         if self.endpoint is Endpoint.CHAT:
             return chat_logprobs(entries, self.words, self.top)
-        out = completion_logprobs(entries, self.words, self.top, self.offset)
-        self.offset = next_offset(out) or self.offset
+        self.offsets = self.offsets or {}
+        out = completion_logprobs(entries, self.words, self.top, self.offsets.get(index, 0))
+        self.offsets[index] = next_offset(out) or self.offsets.get(index, 0)
         return out
 
 
@@ -171,71 +199,93 @@ async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
                         status_code=exc.status_code)
 
 
-def _check_model(body: GenerationBody) -> None:
-    if body.model != PUBLIC_MODEL:
+def _check_model(body: Body) -> None:
+    optional = not isinstance(body, GenerationBody)  # vLLM's tokenizer bodies may leave `model` out
+    if body.model != PUBLIC_MODEL and not (optional and body.model is None):
         raise not_found(f"The model '{body.model}' does not exist (this server serves '{PUBLIC_MODEL}')",
                         "model_not_found")
 
 
 async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
-                  prompt: str, prefix: str, content_spans: Optional[list[int]] = None,
+                  prompts: Sequence[Prompt], echo: bool, content_spans: Optional[list[int]] = None,
                   scores: Optional[Scores] = None) -> Response:
-    pieces = generate(app.state.triton, prompt, body.stream, body.knobs(), reply.id, config.request_timeout_s,
-                      content_spans)
+    """Every prompt generated at once, one choice each in the prompts' order."""
+    several = len(prompts) > 1
+    fanout = Fanout([generate(app.state.triton, prompt, body.stream, body.knobs(),
+                              f"{reply.id}-{i}" if several else reply.id, config.request_timeout_s, content_spans)
+                     for i, prompt in enumerate(prompts)])
+    streaming = False
     try:
         if not body.stream:
-            text, stats, entries = await _until_disconnected(request, _collect(pieces), config.disconnect_poll_s)
-            return JSONResponse(reply.body(prefix + text, stats, scores.of(entries) if scores else None))
-        first = await _until_disconnected(request, anext(pieces, None), config.disconnect_poll_s)
+            answers = await _until_disconnected(request, fanout.collect(), config.disconnect_poll_s)
+            prefixes = await _echoes(app, config, prompts, echo)
+            logprobs = [scores.of(entries, i) for i, (_, _, entries) in enumerate(answers)] if scores else None
+            return JSONResponse(reply.batch_body([(p + text, stats) for p, (text, stats, _) in zip(prefixes, answers)],
+                                                 logprobs))
+        firsts = await _until_disconnected(request, fanout.started(), config.disconnect_poll_s)
+        if any(first is None for first in firsts):
+            raise server_error("the server ended the stream without an answer")
+        prefixes = await _echoes(app, config, prompts, echo)
+        streaming = True
+        return StalledStream(_events(reply, body, firsts, fanout, prefixes, scores), config.stream_stall_s)
     except ClientGone:
-        await pieces.aclose()
         return Response(status_code=CLIENT_GONE_STATUS)
-    except OpenAIError:
-        await pieces.aclose()
-        raise
-    if first is None:
-        raise server_error("the server ended the stream without an answer")
-    return StalledStream(_events(reply, body, first, pieces, prefix, scores), config.stream_stall_s)
+    finally:
+        if not streaming:
+            await fanout.aclose()
 
 
-async def _collect(pieces) -> tuple[str, dict, list]:
-    """The answer's text, its last stats, and its tokens' scores (the prompt's first when asked)."""
-    text, stats, entries = [], {}, []
-    async with contextlib.aclosing(pieces):
-        async for piece in pieces:
-            text.append(piece.text)
-            stats = piece.stats
-            entries += piece.prompt_logprobs + piece.logprobs
-    return "".join(text), stats, entries
+async def _echoes(app: FastAPI, config: FrontConfig, prompts: Sequence[Prompt], echo: bool) -> list[str]:
+    """What ``echo`` puts before each answer: the prompt's text (a token-id prompt's as
+    ``postprocessing`` decodes it); empty strings without ``echo``."""
+    async def text(prompt: Prompt) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return await text_of(app.state.triton, prompt, config.request_timeout_s, "prompt")
+
+    return list(await asyncio.gather(*(text(p) for p in prompts))) if echo else [""] * len(prompts)
 
 
-async def _events(reply: Reply, body: GenerationBody, first: Piece, pieces, prefix: str,
+async def _events(reply: Reply, body: GenerationBody, firsts: list[Piece], fanout: Fanout, prefixes: list[str],
                   scores: Optional[Scores] = None):
-    """SSE events; a disconnect or a stalled client closes this generator, and closing ``pieces``
-    cancels the generation. With ``scores``, a chunk's logprobs are those of the tokens that
+    """SSE events: each choice's first chunk (by index), then the pieces as they come, each
+    choice's last chunk (its ``finish_reason`` and ``routing_stats``) when it ends; a
+    disconnect or a stalled client closes this generator, and closing ``fanout`` cancels
+    every generation. With ``scores`` a chunk carries the log-probabilities of the tokens that
     came with its text (a response whose tokens end in part of a character has no text yet:
-    its tokens' logprobs wait for the next chunk)."""
-    async with contextlib.aclosing(pieces):
-        stats, held = first.stats, first.prompt_logprobs + first.logprobs
-        opening = prefix + first.text
-        yield reply.chunk(opening, first=True, logprobs=scores.of(held) if scores and (opening or not held) else None)
-        if opening or not scores:
-            held = []
+    its tokens wait for the chunk that has)."""
+    held: list[list] = [[] for _ in firsts]  # each choice's tokens whose text has not been sent
+
+    def logprobs(index: int, text: str, last: bool = False):
+        if scores is None or not (text or (last and held[index])):
+            return None
+        out, held[index] = scores.of(held[index], index), []
+        return out
+
+    try:
+        stats = [first.stats for first in firsts]
+        for index, first in enumerate(firsts):
+            held[index] += first.prompt_logprobs + first.logprobs
+            opening = prefixes[index] + first.text
+            yield reply.chunk(opening, first=True, index=index, logprobs=logprobs(index, opening))
         try:
-            async for piece in pieces:
-                stats = piece.stats
-                held += piece.logprobs
+            async for index, piece in fanout.events():
+                if piece is None:
+                    yield reply.chunk("", stats[index], index=index, logprobs=logprobs(index, "", last=True))
+                    continue
+                stats[index] = piece.stats
+                held[index] += piece.logprobs
                 if piece.text:
-                    yield reply.chunk(piece.text, logprobs=scores.of(held) if scores else None)
-                    held = []
+                    yield reply.chunk(piece.text, index=index, logprobs=logprobs(index, piece.text))
         except OpenAIError as err:
             yield sse(err.body())
             yield DONE
             return
-        yield reply.chunk("", stats, logprobs=scores.of(held) if scores and held else None)
         if body.include_usage:
-            yield reply.usage_chunk(stats)
+            yield reply.usage_chunk(*stats)
         yield DONE
+    finally:
+        await fanout.aclose()
 
 
 async def _until_disconnected(request: Request, awaitable, poll_s: float):

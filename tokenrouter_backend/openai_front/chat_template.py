@@ -33,8 +33,9 @@ class ChatTemplate:
     def available(self) -> bool:
         return bool(self.override or getattr(self.tokenizer, "chat_template", None))
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for ``messages``, ending with the assistant turn's opening."""
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages``, ending with the assistant turn's opening (unless
+        ``add_generation_prompt`` is false: ``/tokenize`` may ask so)."""
         if not self.available:
             raise OpenAIError(
                 f"this model has no chat template: the exported tokenizer ({TOKENIZER_DIR}) has none; "
@@ -43,19 +44,21 @@ class ChatTemplate:
         from jinja2 import TemplateError
 
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt,
                                                       chat_template=self.override)
         except TemplateError as exc:
             raise OpenAIError(f"the chat template refused these messages: {exc}", param="messages") from exc
 
-    def render_with_spans(self, messages: list[dict[str, str]]) -> tuple[str, Optional[list[int]]]:
+    def render_with_spans(self, messages: list[dict[str, str]],
+                          add_generation_prompt: bool = True) -> tuple[str, Optional[list[int]]]:
         """The prompt and its contents' character ranges (flat start, end pairs); None when the
         template does not place contents verbatim and no content holds special-token text."""
-        text = self.render(messages)
+        text = self.render(messages, add_generation_prompt)
         marked = [dict(m, content=MARK.format(i)) if isinstance(m.get("content"), str) else m
                   for i, m in enumerate(messages)]
         try:
-            skeleton = self.render(marked)
+            skeleton = self.render(marked, add_generation_prompt)
         except OpenAIError:
             skeleton = ""
         parts, spans, at = [], [], 0

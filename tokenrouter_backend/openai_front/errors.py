@@ -31,7 +31,8 @@ from typing import Optional
 
 from tokenrouter_backend.core.protocol.failures import Failure, classify, strip_triton_prefixes
 
-OPENAI_NAMES = {"stop_words": "stop", "random_seed": "seed", "text_input": "prompt"}  # ensemble -> OpenAI field
+# ensemble (and preprocessing) input -> OpenAI field
+OPENAI_NAMES = {"stop_words": "stop", "random_seed": "seed", "text_input": "prompt", "input_ids": "prompt"}
 FIELD = re.compile(r"^([a-z_][a-z0-9_]*)(?:\[\d+\])? (?:must|has|is|needs)\b")  # InvalidRequest: "<field> must ..."
 RETRY_AFTER_S = 1  # what a busy or restarting server asks a client to wait before retrying
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request the client (or its deadline) cancelled

@@ -9,7 +9,8 @@ would still stall the event loop (an 8 MiB body of small chat messages holds it 
 1.7 s); a worker process does not, and at niceness 19 it takes the CPU from no generation.
 The body reaches ``parse`` already read within ``max_body_bytes`` (``transport.BodyLimit``).
 The chat template renders in a bounded thread of the front (``app.py``): its input is
-already capped here.
+already capped here. A completion holds at most ``max_prompts`` prompts (``prompt`` as a list).
+The same path parses ``/tokenize`` (a chat body when it has ``messages``) and ``/detokenize``.
 """
 from __future__ import annotations
 
@@ -27,7 +28,15 @@ from typing import Any, Optional, Union
 from pydantic import ValidationError
 
 from .errors import OpenAIError, unavailable
-from .protocol import ChatBody, CompletionBody, GenerationBody
+from .protocol import (
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    GenerationBody,
+    TokenizeChatBody,
+    TokenizeCompletionBody,
+    TokenizerBody,
+)
 
 MIB = 1024 * 1024
 # a 1 MiB prompt (the server's default max_input_bytes) fits even as JSON's worst escaping,
@@ -35,12 +44,17 @@ MIB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 8 * MIB
 DEFAULT_MAX_PROMPT_BYTES = MIB  # the prompt or all messages' text, UTF-8 (= the server's max_input_bytes)
 DEFAULT_PARSE_WORKERS = 2
+# prompts one completion may hold; each is a request of its own to the router, admitted as any
+DEFAULT_MAX_PROMPTS = 64
 PARSE_NICENESS = 19  # parsing a large body yields the CPU to generation and to the event loop
 INLINE_BODY_BYTES = 16 * 1024  # smaller bodies parse on the event loop (at most ~2 ms), sparing the IPC
 MAX_JSON_DEPTH = 32  # the schema needs 4 levels; metadata / response_format get room to spare
 MAX_MESSAGES = 2048  # OpenAI's own limit on `messages`
 SHM = "/dev/shm"
-BODIES: dict[str, type[GenerationBody]] = {"completion": CompletionBody, "chat": ChatBody}
+BODIES: dict[str, type[Union[GenerationBody, TokenizerBody]]] = {
+    "completion": CompletionBody, "chat": ChatBody, "tokenize": TokenizeCompletionBody,
+    "detokenize": DetokenizeBody}
+Body = Union[GenerationBody, TokenizerBody]
 
 
 @dataclass(frozen=True)
@@ -48,32 +62,33 @@ class Limits:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
     parse_workers: int = DEFAULT_PARSE_WORKERS
+    max_prompts: int = DEFAULT_MAX_PROMPTS  # prompts in one completion (a list `prompt`)
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "max_prompt_bytes", "parse_workers"):
+        for name in ("max_body_bytes", "max_prompt_bytes", "parse_workers", "max_prompts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
 
 
-Parsed = Union[GenerationBody, dict]  # the body, or an OpenAIError's fields (exceptions do not pickle)
+Parsed = Union[Body, dict]  # the body, or an OpenAIError's fields (exceptions do not pickle)
 
 
-def parse(kind: str, data: bytes, max_prompt_bytes: int) -> Parsed:
+def parse(kind: str, data: bytes, max_prompt_bytes: int, max_prompts: int = DEFAULT_MAX_PROMPTS) -> Parsed:
     """One request body as its validated model; a refusal as the OpenAIError's fields."""
     try:
-        return _parse(BODIES[kind], data, max_prompt_bytes)
+        return _parse(kind, data, max_prompt_bytes, max_prompts)
     except OpenAIError as err:
         return dataclasses.asdict(err)
 
 
-def parse_file(kind: str, path: str, max_prompt_bytes: int) -> Parsed:
+def parse_file(kind: str, path: str, max_prompt_bytes: int, max_prompts: int = DEFAULT_MAX_PROMPTS) -> Parsed:
     """``parse`` of a body the front wrote to a file (what a worker process runs)."""
     with open(path, "rb") as f:
-        return parse(kind, f.read(), max_prompt_bytes)
+        return parse(kind, f.read(), max_prompt_bytes, max_prompts)
 
 
-def _parse(model: type[GenerationBody], data: bytes, max_prompt_bytes: int) -> GenerationBody:
+def _parse(kind: str, data: bytes, max_prompt_bytes: int, max_prompts: int) -> Body:
     try:
         value = json.loads(data)
     except RecursionError as exc:
@@ -89,6 +104,7 @@ def _parse(model: type[GenerationBody], data: bytes, max_prompt_bytes: int) -> G
     if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
         raise OpenAIError(f"messages has {len(messages)} entries; at most {MAX_MESSAGES} allowed",
                           param="messages", code="array_above_max_length")
+    model = TokenizeChatBody if kind == "tokenize" and "messages" in value else BODIES[kind]
     try:
         body = model.model_validate(value)
     except ValidationError as exc:
@@ -96,6 +112,9 @@ def _parse(model: type[GenerationBody], data: bytes, max_prompt_bytes: int) -> G
         param = ".".join(str(p) for p in err["loc"])
         raise OpenAIError(f"{param}: {err['msg']}", param=param or None) from exc
     body.check()
+    if isinstance(body, CompletionBody) and len(body.prompts()) > max_prompts:
+        raise OpenAIError(f"prompt holds {len(body.prompts())} prompts; at most {max_prompts} allowed (the "
+                          "front's max_prompts)", param="prompt", code="array_above_max_length")
     field, size = _content_bytes(body)
     if size > max_prompt_bytes:
         raise OpenAIError(f"{field} holds {size} bytes of text; at most {max_prompt_bytes} allowed "
@@ -103,11 +122,12 @@ def _parse(model: type[GenerationBody], data: bytes, max_prompt_bytes: int) -> G
     return _slim(body)
 
 
-def _slim(body: GenerationBody) -> GenerationBody:
+def _slim(body: Body) -> Body:
     """The body without what was accepted only to be ignored (``metadata``, ``response_format``
     ``text``...): the answer travels back to the front's process, and unpickling it there holds
     the GIL, so it carries only what the generation needs."""
-    body.__pydantic_extra__ = {}
+    if isinstance(body, GenerationBody):
+        body.__pydantic_extra__ = {}
     if isinstance(body, ChatBody):
         body.response_format = None
     return body
@@ -128,14 +148,17 @@ def _too_deep(value: dict) -> Optional[str]:
     return None
 
 
-def _content_bytes(body: GenerationBody) -> tuple[str, int]:
-    """The text the prompt is made of, in UTF-8 bytes; text that has no UTF-8 form is refused."""
-    for stop in body.stop_words():
+def _content_bytes(body: Body) -> tuple[str, int]:
+    """The text the prompt is made of (all prompts of a list), in UTF-8 bytes; text that has no
+    UTF-8 form is refused."""
+    for stop in body.stop_words() if isinstance(body, GenerationBody) else ():
         _utf8("stop", stop)
-    if isinstance(body, ChatBody):
+    if isinstance(body, (ChatBody, TokenizeChatBody)):
         return "messages", sum(len(_utf8("messages", v)) for m in body.template_messages()
                                for k, v in m.items() if k != "role")
-    return "prompt", len(_utf8("prompt", body.prompt_text()))
+    if isinstance(body, DetokenizeBody):
+        return "tokens", 0
+    return "prompt", sum(len(_utf8("prompt", text)) for text in body.prompt_texts())
 
 
 def _utf8(field: str, text: str) -> bytes:
@@ -172,9 +195,9 @@ class BodyParser:
         pool = self._executor()
         await asyncio.gather(*(loop.run_in_executor(pool, _ready) for _ in range(self.limits.parse_workers)))
 
-    async def parse(self, kind: str, data: bytes) -> GenerationBody:
+    async def parse(self, kind: str, data: bytes) -> Body:
         if len(data) <= INLINE_BODY_BYTES:
-            return _parse(BODIES[kind], data, self.limits.max_prompt_bytes)
+            return _parse(kind, data, self.limits.max_prompt_bytes, self.limits.max_prompts)
         loop = asyncio.get_running_loop()
         pool = self._executor()
         # the body travels as a file (in memory where /dev/shm exists): written in one system call,
@@ -183,7 +206,8 @@ class BodyParser:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            parsed: Any = await loop.run_in_executor(pool, parse_file, kind, path, self.limits.max_prompt_bytes)
+            parsed: Any = await loop.run_in_executor(pool, parse_file, kind, path, self.limits.max_prompt_bytes,
+                                                     self.limits.max_prompts)
         except BrokenExecutor as exc:
             with self._lock:
                 if self._pool is pool:

@@ -5,6 +5,11 @@ The OpenAI fields TokenRouter implements map onto the ensemble's inputs; the rou
 TokenRouter cannot honour (``n`` > 1, tools, penalties, ...) are refused with an
 error naming them rather than silently ignored; a few that change nothing about the answer
 (``user``, ``metadata``, ``store``, ...) are accepted and ignored. Any other field is refused.
+
+A completion's ``prompt`` is one or several prompts, as OpenAI and vLLM take it: a string, a
+list of strings, a list of token ids (one prompt) or a list of lists of token ids
+(``CompletionBody.prompts``). ``TokenizeCompletionBody``, ``TokenizeChatBody`` and
+``DetokenizeBody`` are vLLM's ``/tokenize`` and ``/detokenize`` bodies.
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ Int32 = Annotated[int, Strict(), Field(ge=INT32_MIN, le=INT32_MAX)]
 Count = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
 Length = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]  # completions' max_tokens: 0 scores the prompt
 Seed = Annotated[int, Strict(), Field(ge=0, le=SEED_MAX)]
+# a token id as JSON carries it: an integer within INT32 (the vocabulary's bound is preprocessing's)
+TOKEN_ID_RANGE = f"an integer in [0, {INT32_MAX}]"
+Prompt = Union[str, list[int]]  # one prompt: its text, or its token ids (which skip the tokenizer)
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "prompt_cache_key", "safety_identifier"})
 
@@ -145,7 +153,7 @@ class GenerationBody(RouterKnobs):
 
 
 class CompletionBody(GenerationBody):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, list[Any]]  # the shapes are checked by ``prompts`` (pydantic's union errors name none)
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[Count] = None
@@ -164,7 +172,7 @@ class CompletionBody(GenerationBody):
         if self.max_tokens == 0 and not (self.echo and self.logprobs is not None):
             raise OpenAIError("max_tokens must be at least 1; 0 only with echo and logprobs (score the prompt)",
                               param="max_tokens")
-        self.prompt_text()
+        self.prompts()
 
     def logprob_count(self) -> int:
         return -1 if self.logprobs is None else self.logprobs
@@ -175,17 +183,48 @@ class CompletionBody(GenerationBody):
             knobs["return_prompt_log_probs"] = True
         return knobs
 
-    def prompt_text(self) -> str:
-        """The one text prompt (a list of one string is accepted); token-id prompts are refused."""
+    def prompts(self) -> list[Prompt]:
+        """The request's prompts in order, each generated as a request of its own: a string, a
+        list of strings, a list of token ids (one prompt) or a list of lists of token ids; none
+        empty. A token id is a JSON integer in [0, 2^31 - 1]; preprocessing refuses one outside
+        the vocabulary."""
         prompt = self.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1 or not isinstance(prompt[0], str):
-                raise OpenAIError("prompt must be one string (token-id prompts and batches of prompts "
-                                  "are not supported)", param="prompt")
-            prompt = prompt[0]
-        if not prompt:
+        if isinstance(prompt, str):
+            prompts: list[Prompt] = [prompt]
+        elif not prompt:
             raise OpenAIError("prompt must not be empty", param="prompt")
-        return prompt
+        elif isinstance(prompt[0], str):
+            prompts = [_text(f"prompt[{i}]", p) for i, p in enumerate(prompt)]
+        elif isinstance(prompt[0], list):
+            prompts = [_token_ids(f"prompt[{i}]", p) for i, p in enumerate(prompt)]
+        else:
+            prompts = [_token_ids("prompt", prompt)]
+        for i, p in enumerate(prompts):
+            if not p:
+                raise OpenAIError("prompt must not be empty" if len(prompts) == 1 else f"prompt[{i}] is empty",
+                                  param="prompt")
+        return prompts
+
+    def prompt_texts(self) -> list[str]:
+        """The text prompts (what the front's ``max_prompt_bytes`` counts)."""
+        return [p for p in self.prompts() if isinstance(p, str)]
+
+
+def _text(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise OpenAIError(f"{where} must be a string like the prompts before it; got {type(value).__name__}",
+                          param="prompt")
+    return value
+
+
+def _token_ids(where: str, value: Any, param: str = "prompt") -> list[int]:
+    if not isinstance(value, list):
+        raise OpenAIError(f"{where} must be a list of token ids like the prompts before it; got "
+                          f"{type(value).__name__}", param=param)
+    for i, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= INT32_MAX:
+            raise OpenAIError(f"{where}[{i}] must be a token id ({TOKEN_ID_RANGE}); got {token!r}", param=param)
+    return value
 
 
 class TextPart(BaseModel):
@@ -242,3 +281,52 @@ class ChatBody(GenerationBody):
 
     def template_messages(self) -> list[dict[str, str]]:
         return [m.for_template() for m in self.messages]
+
+
+class TokenizerBody(BaseModel):
+    """vLLM's ``/tokenize`` and ``/detokenize`` bodies: ``model`` may be left out."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+
+    def check(self) -> None:
+        """What is well-formed but not supported, by name (unknown fields: pydantic)."""
+
+
+class TokenizeCompletionBody(TokenizerBody):
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: Optional[bool] = None
+
+    def check(self) -> None:
+        if self.return_token_strs:
+            raise OpenAIError("return_token_strs is not supported", param="return_token_strs")
+
+    def prompt_texts(self) -> list[str]:
+        return [self.prompt]
+
+
+class TokenizeChatBody(TokenizerBody):
+    """``add_special_tokens`` defaults to true, as the chat endpoint tokenizes its prompt (vLLM's
+    default is false): the count is the one generation sees."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = True
+    return_token_strs: Optional[bool] = None
+
+    def check(self) -> None:
+        for name in ("continue_final_message", "return_token_strs"):
+            if getattr(self, name):
+                raise OpenAIError(f"{name} is not supported", param=name)
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return [m.for_template() for m in self.messages]
+
+
+class DetokenizeBody(TokenizerBody):
+    tokens: list[Any]  # checked by ``check`` (one message naming the position)
+
+    def check(self) -> None:
+        _token_ids("tokens", self.tokens, param="tokens")

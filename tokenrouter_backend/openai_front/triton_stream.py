@@ -1,5 +1,9 @@
 """One generation as the ensemble's three steps, as an async iterator of ``Piece``s.
 
+The prompt is text, or token ids: those go to ``preprocessing`` as its ``input_ids`` (not
+tokenized; checked against the vocabulary there), so the router gets them with the same
+``STOP_IDS`` and ``END_ID`` as a text prompt and bounds their length as any prompt's.
+
 The front runs the ensemble's steps itself over gRPC — ``preprocessing`` (text → ids), the
 decoupled ``router`` on its own stream, ``postprocessing`` (ids → text) per response —
 because tritonserver 2.51 does not pass a cancelled ensemble stream on to the router step
@@ -16,7 +20,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence, Union
 
 import numpy as np
 
@@ -98,17 +102,20 @@ async def _call(coro, what: str):
         raise from_server(message, status) from exc
 
 
-async def generate(client, prompt: str, stream: bool, knobs: dict[str, Any], request_id: str,
-                   timeout_s: float, content_spans: list[int] | None = None) -> AsyncIterator[Piece]:
+async def generate(client, prompt: Union[str, Sequence[int]], stream: bool, knobs: dict[str, Any],
+                   request_id: str, timeout_s: float, content_spans: list[int] | None = None) -> AsyncIterator[Piece]:
     """Yield the answer's pieces; raise ``OpenAIError`` for an error the server answered with.
 
-    ``content_spans``: where a chat prompt's message contents are (``preprocessing`` keeps
-    special-token text there as text)."""
+    ``prompt``: its text, or its token ids. ``content_spans``: where a chat prompt's message
+    contents are (``preprocessing`` keeps special-token text there as text)."""
     import grpc
     import tritonclient.grpc.aio as grpcclient
 
-    inputs = grpc_inputs(grpcclient, prompt, stream, knobs)
-    pre_inputs = [t for t in inputs if t.name() in PRE_ONLY_INPUTS]
+    text = isinstance(prompt, str)
+    inputs = grpc_inputs(grpcclient, prompt if text else "", stream, knobs)
+    pre_inputs = [t for t in inputs if t.name() in PRE_ONLY_INPUTS and (text or t.name() != "text_input")]
+    if not text:  # token ids in place of the text
+        pre_inputs.append(_tensor(grpcclient, "input_ids", np.asarray([prompt], dtype=np.int32)))
     if content_spans is not None:
         pre_inputs.append(_tensor(grpcclient, "content_spans", np.asarray([content_spans], dtype=np.int32)))
     pre = await _call(client.infer(PREPROCESSING, pre_inputs,

@@ -55,7 +55,13 @@ def find_tokenizer(args: dict, parameters: dict[str, str]):
 
 
 class PreprocessingModel:
-    """text_input, end_id, content_spans -> INPUT_ID, STOP_IDS (document-end tokens), END_ID."""
+    """text_input (or input_ids), end_id, content_spans, add_special_tokens -> INPUT_ID, STOP_IDS
+    (document-end tokens), END_ID.
+
+    ``input_ids`` is a token-id prompt (the OpenAI front's): not tokenized, only checked — at
+    most ``max_input_bytes`` ids (a text prompt within that many bytes tokenizes to no more),
+    each in the tokenizer's vocabulary — so the router gets it with the same STOP_IDS and
+    END_ID as a text prompt, and bounds its length as any prompt's."""
 
     def __init__(self, pb_utils, args: dict):
         self.pb = pb_utils
@@ -72,37 +78,52 @@ class PreprocessingModel:
         self.max_input_bytes = input_limits.max_input_bytes_from_config(
             config_value(params, "max_input_bytes", int, input_limits.DEFAULT_MAX_INPUT_BYTES))
 
-    def _encode(self, text: str, spans) -> list[int]:
+    def _encode(self, text: str, spans, add_special_tokens: bool = True) -> list[int]:
         """text_input's ids; with content_spans (the OpenAI front's chat contents), no special
         token made of content (``core/text/chat_content.py``)."""
         if spans is None:
-            return self.tokenizer.encode(text).ids
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         from tokenizers import Encoding, Tokenizer
 
         if self.literal is None:  # the same tokenizer, special-token text split as plain text
             self.literal = Tokenizer.from_str(self.tokenizer.to_str())
             self.literal.encode_special_tokens = True
         return encode_prompt(self.tokenizer, self.literal, text, parse_spans(spans.reshape(-1), len(text)),
-                             self.special_ids, Encoding.merge)
+                             self.special_ids, Encoding.merge, add_special_tokens)
 
     def execute(self, requests):
         return [_answer(self.pb, "preprocessing", self._one, r) for r in requests]
 
+    def _given_ids(self, given: np.ndarray) -> list[int]:
+        """``input_ids`` checked: its count first, then every id in the vocabulary."""
+        input_limits.check_count("input_ids", given.size, self.max_input_bytes)
+        if not given.size:
+            raise InvalidRequest("input_ids must hold at least one token id")
+        input_limits.check_ids("input_ids", given.reshape(-1), self.vocab_size)
+        return given.reshape(-1).tolist()
+
     def _one(self, request):
         pb = self.pb
         values = input_array(pb, request, "text_input")
-        for name in ("end_id", "exclude_input_in_output"):
+        given = input_array(pb, request, "input_ids")
+        for name in ("end_id", "exclude_input_in_output", "add_special_tokens"):
             check_scalar(input_array(pb, request, name), name)
-        # before any decoding or tokenizing
-        text = input_limits.text_input([] if values is None else values, self.max_input_bytes)
-        if not text.strip():
-            return error_response(pb, "text_input must be a non-empty string")
-        try:
-            ids = self._encode(text, input_array(pb, request, "content_spans"))
-        except InvalidRequest as exc:
-            return error_response(pb, str(exc))
-        if not ids:
-            return error_response(pb, "text_input produced no tokens")
+        if given is not None:
+            if values is not None:
+                return error_response(pb, "input_ids must not come with text_input (one prompt)")
+            ids = self._given_ids(given)
+        else:
+            # before any decoding or tokenizing
+            text = input_limits.text_input([] if values is None else values, self.max_input_bytes)
+            if not text.strip():
+                return error_response(pb, "text_input must be a non-empty string")
+            special = input_scalar(pb, request, "add_special_tokens")
+            try:
+                ids = self._encode(text, input_array(pb, request, "content_spans"), special is None or bool(special))
+            except InvalidRequest as exc:
+                return error_response(pb, str(exc))
+            if not ids:
+                return error_response(pb, "text_input produced no tokens")
         end_id = input_scalar(pb, request, "end_id")
         end_id = self.default_end_id if end_id is None else int(end_id)
         if not -1 <= end_id < self.vocab_size:

@@ -32,7 +32,7 @@ from tokenrouter_backend.core.loop.hooks import BlockHooks, BlockPlan
 from tokenrouter_backend.core.loop.modes import Strategy, strategy_for
 from tokenrouter_backend.core.loop.request_state import GenerationRequest, RequestState
 from tokenrouter_backend.core.loop.stats import RequestStats
-from tokenrouter_backend.core.loop.token_logprobs import TokenLogprob, answer_logprobs
+from tokenrouter_backend.core.loop.token_logprobs import OnLogprobs, final_logprobs, score_prompt
 from tokenrouter_backend.core.protocol.branch import Branch
 from tokenrouter_backend.core.protocol.names import Mode, Source
 
@@ -40,8 +40,6 @@ __all__ = ["Emit", "GenerationRequest", "RequestCancelled", "generate"]
 
 # emit(new_final_tokens, stats, finished) -> awaitable or None
 Emit = Callable[[list, RequestStats, bool], "Awaitable[None] | None"]
-# on_logprobs(the new final tokens' log-probabilities), called just before their emit
-OnLogprobs = Callable[[list[TokenLogprob]], None]
 
 
 class RequestCancelled(Exception):
@@ -57,7 +55,6 @@ class BlockLoop:
         self.base_params = request.params  # what the request asked for; hooks may adjust per block
         self.hooks, self.request_id = hooks, request_id
         self._strategies: dict[Mode, Strategy] = {}
-        self.final_from = self.state.transcript.final_len  # where the tokens the last advance_final made final start
 
     @property
     def done(self) -> bool:
@@ -101,25 +98,9 @@ class BlockLoop:
         return self._strategies[mode]
 
     def advance_final(self) -> list[int]:
-        """Tokens that just became final (no rollback can reach them)."""
-        t = self.state.transcript
-        self.final_from = t.final_len
-        return t.advance_final(self.state.params.rollback_window)
-
-    async def prompt_logprobs(self) -> list[TokenLogprob]:
-        """The heavy model scores every prompt position (its session's first step; the loop's
-        next heavy step reads the prefill's KV): the log-probability of each prompt token after
-        the first, from what the heavy model read there."""
-        s = self.state
-        prompt = list(s.request.prompt)
-        await s.heavy.step(prompt, score_from=0, sampling=s.sampling)
-        return answer_logprobs(prompt, 1, len(prompt), ((s.heavy.branch.name, s.heavy.scores),))
-
-    def final_logprobs(self) -> list[TokenLogprob]:
-        """The log-probabilities of the tokens the last ``advance_final`` made final."""
-        s = self.state
-        tables = ((s.heavy.branch.name, s.heavy.scores), (s.light.branch.name, s.light.scores))
-        return answer_logprobs(s.transcript.tokens, self.final_from, s.transcript.final_len, tables)
+        """Tokens that just became final (no rollback can reach them; they start at ``final_from``)."""
+        self.final_from = self.state.transcript.final_len
+        return self.state.transcript.advance_final(self.state.params.rollback_window)
 
     def finish_stats(self, started: float) -> RequestStats:
         st, t, mode = self.state, self.state.transcript, self.state.params.mode
@@ -163,10 +144,9 @@ async def generate(
     ``emit(tokens, stats, finished)`` is called with finished=True exactly once, last.
     Both branch sessions are released whatever happens (error, cancellation). ``answers``
     (the decision cache) offers an earlier answer to the same prompt under the same cache
-    salt as drafts and keeps this one. ``on_logprobs`` (the request asked for log-probabilities)
-    gets the log-probabilities of the tokens of each emit, just before it; with
-    ``request.prompt_logprobs``, ``on_prompt_logprobs`` gets the prompt's (all but its first
-    token) before anything is emitted. A ``score_only`` request emits no answer tokens.
+    salt as drafts and keeps this one. ``on_logprobs`` gets the log-probabilities of each emit's
+    tokens just before it; ``on_prompt_logprobs`` the prompt's (``request.prompt_logprobs``),
+    first. A ``score_only`` request emits no answer tokens.
     """
     started = time.perf_counter()
     p = request.params
@@ -177,13 +157,12 @@ async def generate(
     loop = BlockLoop(request, light, heavy, session_id, hooks=hooks, request_id=request_id, prior=prior)
     try:
         if request.prompt_logprobs:
-            scored = await loop.prompt_logprobs()
+            scored = await score_prompt(loop.state)
             if on_prompt_logprobs is not None:
                 on_prompt_logprobs(scored)
-        if request.score_only:
+        if request.score_only:  # max_tokens 0: nothing to generate
             stats = loop.finish_stats(started)
-            stats.finish_reason = "length"  # max_tokens 0
-            stats.first_token_ms = stats.first_token_ms or stats.total_ms
+            stats.finish_reason, stats.first_token_ms = "length", stats.total_ms
             await _maybe_await(emit([], stats, True))
             return stats
         while not loop.done:
@@ -195,7 +174,7 @@ async def generate(
             new = loop.advance_final()
             if new:
                 if on_logprobs is not None:
-                    on_logprobs(loop.final_logprobs())
+                    on_logprobs(final_logprobs(loop.state, loop.final_from))
                 if not loop.state.stats.first_token_ms:
                     loop.state.stats.first_token_ms = (time.perf_counter() - started) * 1e3
                 t0 = time.perf_counter()
@@ -203,7 +182,7 @@ async def generate(
                 loop.state.stats.emit_ms += (time.perf_counter() - t0) * 1e3
         new = loop.advance_final()
         if on_logprobs is not None:
-            on_logprobs(loop.final_logprobs())
+            on_logprobs(final_logprobs(loop.state, loop.final_from))
         stats = loop.finish_stats(started)
         if not stats.first_token_ms:
             stats.first_token_ms = stats.total_ms

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -53,6 +53,10 @@ class TokenLogprob:
     logprob: float
     branch: str
     top: tuple[tuple[int, float], ...] = ()
+
+
+# on_logprobs(the new final tokens' log-probabilities), called by ``generate`` just before their emit
+OnLogprobs = Callable[[list[TokenLogprob]], None]
 
 
 @dataclass
@@ -121,3 +125,19 @@ def answer_logprobs(tokens: Sequence[int], start: int, end: int, tables: Sequenc
                 break
         out.append(found)
     return out
+
+
+async def score_prompt(state) -> list[TokenLogprob]:
+    """``GenerationRequest.prompt_logprobs``: the heavy model scores every prompt position (its
+    session's first step; the loop's next heavy step reads the prefill's KV). The
+    log-probability of each prompt token after the first, from what the heavy model read there."""
+    prompt = list(state.request.prompt)
+    await state.heavy.step(prompt, score_from=0, sampling=state.sampling)
+    return answer_logprobs(prompt, 1, len(prompt), ((state.heavy.branch.name, state.heavy.scores),))
+
+
+def final_logprobs(state, start: int) -> list[TokenLogprob]:
+    """The log-probabilities of the answer's tokens from ``start`` to the final cursor
+    (``RequestState``: heavy's numbers first, then light's)."""
+    tables = ((state.heavy.branch.name, state.heavy.scores), (state.light.branch.name, state.light.scores))
+    return answer_logprobs(state.transcript.tokens, start, state.transcript.final_len, tables)

@@ -44,12 +44,13 @@ def _overlaps(span: tuple[int, int], spans: Sequence[tuple[int, int]]) -> bool:
 
 
 def encode_prompt(tokenizer, literal, text: str, spans: Sequence[tuple[int, int]], special_ids: set[int],
-                  merge: Callable) -> list[int]:
+                  merge: Callable, add_special_tokens: bool = True) -> list[int]:
     """The prompt's token ids with no special token made of content.
 
     ``tokenizer`` recognizes special tokens, ``literal`` is the same tokenizer with
-    ``encode_special_tokens`` set (special-token text split as plain text)."""
-    whole = tokenizer.encode(text)
+    ``encode_special_tokens`` set (special-token text split as plain text);
+    ``add_special_tokens``: the tokenizer's post-processor adds its own (BOS...)."""
+    whole = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     spans = [s for s in spans if s[0] < s[1]]
     forged = any(i in special_ids and _overlaps(off, spans) for i, off in zip(whole.ids, whole.offsets))
     if not forged:
@@ -62,4 +63,5 @@ def encode_prompt(tokenizer, literal, text: str, spans: Sequence[tuple[int, int]
         at = end
     if at < len(text):
         pieces.append(tokenizer.encode(text[at:], add_special_tokens=False))
-    return list(tokenizer.post_process(merge(pieces, growing_offsets=True)).ids)
+    merged = merge(pieces, growing_offsets=True)
+    return list(tokenizer.post_process(merged, add_special_tokens=add_special_tokens).ids)
