@@ -12,13 +12,13 @@ import shutil
 import numpy as np
 import pytest
 import requests
+from test_openai_front import TEMPLATE
 
 from support.triton_repo import set_params
 from tokenrouter_backend.client.triton_client import GenerationError, generate_grpc, generate_http
 from tokenrouter_backend.openai_front.app import FrontConfig
 from tokenrouter_backend.openai_front.chat_template import TOKENIZER_DIR
 from tokenrouter_backend.openai_front.runner import OpenAIFront
-from test_openai_front import TEMPLATE
 
 pytestmark = pytest.mark.triton
 

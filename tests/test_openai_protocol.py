@@ -61,7 +61,9 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
 @pytest.mark.parametrize("build, fields, param", [
     (completion, {"n": 3}, "n"),
     (completion, {"frobnicate": 1}, "frobnicate"),
-    (completion, {"presence_penalty": 0.5}, "presence_penalty"),
+    (completion, {"logit_bias": {"x": 1}}, "logit_bias"),
+    (completion, {"logit_bias": {"5": 101}}, "logit_bias"),
+    (completion, {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
     (completion, {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     (completion, {"stop": [""]}, "stop"),
     (completion, {"prompt": []}, "prompt"),
@@ -167,7 +169,9 @@ def test_tokenizer_bodies_as_vllm_sends_them():
 
 
 def test_harmless_fields_are_accepted():
-    assert completion(n=1, presence_penalty=0, user="x", metadata={"a": "b"}, logit_bias={}).knobs() == {}
+    assert completion(n=1, user="x", metadata={"a": "b"}, logit_bias={}).knobs() == {}
+    assert completion(presence_penalty=0.5, logit_bias={"7": -100}, min_tokens=2).knobs() == {
+        "presence_penalty": 0.5, "logit_bias": {7: -100.0}, "min_tokens": 2}
 
 
 def _raised(coro_or_call) -> BaseException:

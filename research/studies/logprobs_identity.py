@@ -51,7 +51,7 @@ def main() -> None:
                        default=0.0) if same else float("nan")
         rows.append({"prompt": name, "tokens": len(h.log_probs), "identical": same, "max_abs_diff": diff,
                      "top5_max_abs_diff": top_diff, "verify_branches": sorted(set(v.branches)),
-                     "route_light_share": v and (route.logprobs.branches.count("light") / max(1, len(route.logprobs.branches))),
+                     "route_light_share": route.logprobs.branches.count("light") / max(1, len(route.logprobs.branches)),
                      "verify_s": verify.latency_s, "verify_plain_s": plain.latency_s,
                      "verify_plain_identical": plain.text == verify.text})
         print(json.dumps(rows[-1]), flush=True)

@@ -14,14 +14,15 @@ from typing import Any, Callable
 import numpy as np
 
 MODEL = "tokenrouter"
-KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window", "top_log_probs")
+KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window", "top_log_probs",
+             "min_tokens")
 KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
-               "router_threshold")
+               "router_threshold", "presence_penalty", "frequency_penalty", "repetition_penalty")
 KNOBS_STR = ("router_mode", "block_schedule", "cache_salt")
 INT_RANGES = {"INT32": (-(1 << 31), (1 << 31) - 1), "UINT64": (0, (1 << 64) - 1)}
 KNOBS_BOOL = ("decision_log", "allow_degradation", "ngram_drafts", "light_copies", "answer_cache", "show_routing",
-              "learned_router", "return_log_probs", "return_prompt_log_probs")
+              "learned_router", "return_log_probs", "return_prompt_log_probs", "ignore_eos")
 
 
 @dataclass
@@ -91,7 +92,10 @@ class GenerationError(RuntimeError):
 
 def request_body(prompt: str, stream: bool, knobs: dict[str, Any]) -> dict:
     body = {"text_input": prompt, "stream": stream}
-    body.update({k: v for k, v in knobs.items() if v is not None})
+    body.update({k: v for k, v in knobs.items() if v is not None and k != "logit_bias"})
+    if knobs.get("logit_bias"):  # {token id: bias} -> the two array inputs
+        body.update(logit_bias_ids=[int(t) for t in knobs["logit_bias"]],
+                    logit_bias_values=[float(b) for b in knobs["logit_bias"].values()])
     return body
 
 
@@ -162,6 +166,12 @@ def grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
             inputs.append(tensor(k, bool(v), bool, "BOOL"))
         elif k == "random_seed":
             inputs.append(tensor(k, int(v), np.uint64, "UINT64"))
+        elif k == "logit_bias":  # {token id: bias}
+            for name, values, dtype, kind in (("logit_bias_ids", list(v), np.int32, "INT32"),
+                                               ("logit_bias_values", list(v.values()), np.float32, "FP32")):
+                t = grpcclient.InferInput(name, [1, len(values)], kind)
+                t.set_data_from_numpy(np.array([values], dtype=dtype))
+                inputs.append(t)
         elif k == "stop_words":
             t = grpcclient.InferInput("stop_words", [1, len(v)], "BYTES")
             t.set_data_from_numpy(np.array([[w.encode() for w in v]], dtype=np.object_))

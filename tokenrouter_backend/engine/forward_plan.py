@@ -39,6 +39,18 @@ class OpWork:
     top_ids: list = field(default_factory=list)  # op.logprobs > 0: [rows, k] per chunk / draft step
     top_logprobs: list = field(default_factory=list)
     last_norm: object = None  # the last scored rows' log-normalizers (raw log-softmax offsets)
+
+    def answer_before(self, position: int) -> list[int]:
+        """``op.processors``: the answer's tokens at sequence positions ``answer_start`` …
+        ``position`` - 1 — the step's history, then its inputs, then the tokens it drafted."""
+        op, p = self.op, self.op.processors
+        keep, n = op.keep_len, len(op.input_ids)
+        tokens = list(p.history) + list(op.input_ids[max(0, p.answer_start - keep): max(0, min(n, position - keep))])
+        if position > keep + n and self.tokens:  # drafts: the choices from the last scored input's row on
+            chosen = [int(t) for chunk in self.tokens for t in chunk]
+            first = op.scored - 1
+            tokens += chosen[first: first + position - keep - n]
+        return tokens
     drafted: int = 0
     forward_ms: float = 0.0
     forward_tokens: int = 0  # padded tokens of the forwards this op took part in
@@ -82,6 +94,12 @@ def check_op(op: BranchOp, name: str, vocab: int, max_draft_len: int, max_len: i
         raise BranchError(f"{name}: score_last {op.score_last} outside 0..{n} (0 = every input position)")
     if op.kv_window < 0:
         raise BranchError(f"{name}: kv_window {op.kv_window} must be >= 0 (0 = all positions)")
+    p = op.processors
+    if p is not None:
+        ids = [t for t, _ in p.bias] + list(p.ends) + list(p.prompt_seen) + list(p.history)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise BranchError(f"{name}: logit_processors holds token {bad}, outside the vocabulary 0..{vocab - 1}")
     if op.keep_len + n > max_len:
         raise BranchError(
             f"{name}: session {op.session_id} would hold keep_len {op.keep_len} + {n} new "

@@ -24,6 +24,8 @@ def score_rows(w: OpWork, logits: np.ndarray, positions: np.ndarray) -> tuple[np
     Returns (weights [rows, V], scale [rows]): the distribution is weights * scale, so
     greedy rows never divide the full vocabulary unless a dist is asked for.
     """
+    raw = logits
+    logits = processed_logits(w, logits, positions)
     sampling = w.op.sampling
     if sampling.greedy:
         chosen, weights, scale, ent = greedy_rows(logits)
@@ -40,9 +42,43 @@ def score_rows(w: OpWork, logits: np.ndarray, positions: np.ndarray) -> tuple[np
     w.margins.append(top_margin(weights, scale))
     if w.op.return_dist:
         w.dists.append(weights * scale[:, None])
-    if w.op.logprobs >= 0:
-        raw_logprobs(w, logits, chosen)
+    if w.op.logprobs >= 0:  # a greedy row of unprocessed logits has its normalizer already: max + log(sum)
+        known = logits is raw and sampling.greedy
+        norm = (raw[np.arange(len(raw)), chosen].astype(np.float64) - np.log(scale.astype(np.float64))) if known \
+            else None
+        raw_logprobs(w, raw, chosen, norm)
     return weights, scale
+
+
+SUPPRESSED = np.float32(-1e30)  # a suppressed token's logit: exp() is 0, 0 * it is not NaN
+
+
+def processed_logits(w: OpWork, logits: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``op.processors`` applied to each row (the row at ``positions[r]``): a copy, or the
+    logits themselves when there are none (``core/protocol/logit_processors.py``)."""
+    p = w.op.processors
+    if p is None or not p.active:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    bias_ids = np.asarray([t for t, _ in p.bias], np.int64)
+    bias = np.asarray([v for _, v in p.bias], np.float32)
+    seen = np.asarray(p.prompt_seen, np.int64)
+    for r, q in enumerate(np.asarray(positions).tolist()):
+        row = out[r]
+        if p.counting():
+            earlier = np.asarray(w.answer_before(q), np.int64)
+            if p.repetition != 1.0:
+                ids = np.unique(np.concatenate([seen, earlier]))
+                v = row[ids]
+                row[ids] = np.where(v > 0, v / p.repetition, v * p.repetition)
+            if (p.frequency or p.presence) and len(earlier):
+                ids, counts = np.unique(earlier, return_counts=True)
+                row[ids] -= (p.frequency * counts + p.presence).astype(np.float32)
+        if len(bias_ids):
+            row[bias_ids] += bias
+        if p.min_tokens and q - p.answer_start < p.min_tokens and p.ends:
+            row[list(p.ends)] = SUPPRESSED
+    return out
 
 
 def log_normalizer(logits: np.ndarray) -> np.ndarray:
@@ -51,12 +87,12 @@ def log_normalizer(logits: np.ndarray) -> np.ndarray:
     return top + np.log(np.exp(logits - top[:, None].astype(logits.dtype)).sum(axis=-1, dtype=np.float64))
 
 
-def raw_logprobs(w: OpWork, logits: np.ndarray, chosen: np.ndarray) -> None:
+def raw_logprobs(w: OpWork, logits: np.ndarray, chosen: np.ndarray, norm: np.ndarray | None = None) -> None:
     """Record the raw log-probability of each row's chosen token and, with ``op.logprobs`` = k
-    > 0, the k most likely tokens (most likely first); keeps the rows' normalizer for the
-    next-input log-probabilities (``input_logprobs``)."""
+    > 0, the k most likely tokens (most likely first); keeps the rows' normalizer (``norm``:
+    given when known) for the next-input log-probabilities (``input_logprobs``)."""
     rows = np.arange(len(logits))
-    norm = log_normalizer(logits)
+    norm = log_normalizer(logits) if norm is None else norm
     w.last_norm = norm
     w.logprobs.append((logits[rows, chosen] - norm).astype(np.float32))
     k = min(w.op.logprobs, logits.shape[-1])

@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from .chat_template import ChatTemplate
-from .logprobs import TokenText, chat_logprobs, completion_logprobs, next_offset
 from .errors import OpenAIError, not_found, server_error, unavailable
 from .fanout import Fanout
+from .logprobs import TokenText, chat_logprobs, completion_logprobs, next_offset
 from .parsing import Body, BodyParser, Limits
 from .protocol import GenerationBody, Prompt, TokenizeChatBody
 from .responses import DONE, PUBLIC_MODEL, Endpoint, Reply, model_card, models_list, sse

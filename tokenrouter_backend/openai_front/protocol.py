@@ -2,7 +2,7 @@
 
 The OpenAI fields TokenRouter implements map onto the ensemble's inputs; the router knobs
 (``router_mode``, ``confidence_threshold``, ...) are accepted as extra body fields. Fields
-TokenRouter cannot honour (``n`` > 1, tools, penalties, ...) are refused with an
+TokenRouter cannot honour (``n`` > 1, tools, ...) are refused with an
 error naming them rather than silently ignored; a few that change nothing about the answer
 (``user``, ``metadata``, ``store``, ...) are accepted and ignored. Any other field is refused.
 
@@ -23,6 +23,8 @@ from tokenrouter_backend.core.protocol.params import MIN_TEMPERATURE, InvalidReq
 from .errors import OpenAIError
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+PROCESSOR_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos")
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's range of chat top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # and of completions' logprobs
 SEED_MAX = (1 << 64) - 1  # random_seed is a UINT64 input
@@ -85,9 +87,13 @@ class GenerationBody(RouterKnobs):
     seed: Optional[Seed] = None
     stop: Union[str, list[str], None] = None
     n: Optional[Count] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, Any]] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, Any]] = None  # token id (as a string) -> -100 .. 100
+    # vLLM's extra sampling fields (the router's logit processors)
+    repetition_penalty: Optional[float] = Field(default=None, ge=0.01, le=10.0)
+    min_tokens: Optional[Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]] = None
+    ignore_eos: Optional[bool] = None
     # vLLM's field: requests of different salts share no cached answer or KV prefix block
     cache_salt: Optional[str] = None
 
@@ -101,11 +107,7 @@ class GenerationBody(RouterKnobs):
         if self.temperature is not None and 0.0 < self.temperature < MIN_TEMPERATURE:  # NaN probabilities below
             raise OpenAIError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, 2]; got {self.temperature}",
                               param="temperature")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise OpenAIError(f"{name} is not supported (only 0); got {getattr(self, name)}", param=name)
-        if self.logit_bias:
-            raise OpenAIError("logit_bias is not supported", param="logit_bias")
+        self.bias()
         if self.stream_options is not None and not self.stream:
             raise OpenAIError("stream_options is only allowed with stream: true", param="stream_options")
         stops = self.stop_words()
@@ -138,9 +140,28 @@ class GenerationBody(RouterKnobs):
         """-1: no log-probabilities asked; k >= 0: the tokens' and k alternatives each."""
         return -1
 
+    def bias(self) -> dict[int, float]:
+        """``logit_bias`` as token id -> bias: keys are token ids as strings (OpenAI's form),
+        values numbers in [-100, 100], at most 300 entries."""
+        if not self.logit_bias:
+            return {}
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise OpenAIError(f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} allowed",
+                              param="logit_bias")
+        out = {}
+        for key, value in self.logit_bias.items():
+            if not key.isdigit() or int(key) > INT32_MAX:
+                raise OpenAIError(f"logit_bias keys must be token ids; got {key!r}", param="logit_bias")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise OpenAIError(f"logit_bias values must be numbers in [-100, 100]; got {value!r}",
+                                  param="logit_bias")
+            out[int(key)] = float(value)
+        return out
+
     def knobs(self) -> dict[str, Any]:
         """The ensemble's optional inputs for this request (absent fields stay server defaults)."""
         knobs: dict[str, Any] = {name: getattr(self, name) for name in ROUTER_KNOBS}
+        knobs.update({name: getattr(self, name) for name in PROCESSOR_FIELDS}, logit_bias=self.bias() or None)
         knobs.update(max_tokens=self.answer_tokens(), temperature=self.temperature, top_p=self.top_p,
                      random_seed=self.seed, stop_words=self.stop_words() or None, cache_salt=self.cache_salt)
         if self.logprob_count() >= 0:

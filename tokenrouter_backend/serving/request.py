@@ -17,13 +17,16 @@ from tokenrouter_backend.core.text.stop_text import Decode, StopText, parse_stop
 from tokenrouter_backend.core.text.stopping import split_stop_ids
 from tokenrouter_backend.operations.admission import RequestInfo
 from tokenrouter_backend.serving.logprob_tensors import requested_logprobs
+from tokenrouter_backend.serving.processor_inputs import request_processors
 from tokenrouter_backend.serving.router_inputs import STOP_IDS_INPUT, RouterInputs
 
 
-def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode | None = None) -> GenerationRequest:
+def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode | None = None,
+                  vocab: int | None = None) -> GenerationRequest:
     """Build the core request; raises InvalidRequest naming the field.
 
-    ``decode`` (token ids -> text, as postprocessing decodes) is needed for stop_words.
+    ``decode`` (token ids -> text, as postprocessing decodes) is needed for stop_words;
+    ``vocab`` (the vocabulary's size, when known) bounds ``logit_bias_ids``.
     """
     given = dict(inputs.params)
     score_only = given.get("max_tokens") == 0  # the prompt's log-probabilities only
@@ -46,11 +49,13 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
         )
     check_count(STOP_IDS_INPUT, len(inputs.stop_ids), MAX_STOP_IDS)
     end_id = inputs.end_id
+    keep_ends = not inputs.ignore_eos  # ignore_eos: neither the end token nor a document end stops it
     return GenerationRequest(
         prompt=prompt,
         params=params,
-        end_id=None if end_id is None or end_id < 0 else int(end_id),
-        stop_sequences=split_stop_ids(list(inputs.stop_ids)),
+        end_id=None if end_id is None or end_id < 0 or not keep_ends else int(end_id),
+        stop_sequences=split_stop_ids(list(inputs.stop_ids)) if keep_ends else (),
+        processors=request_processors(inputs, params.max_tokens, vocab),
         stop_text=stop_text(inputs.stop_words, decode),
         cache_salt=cache_salt(inputs.cache_salt, defaults.require_cache_salt),
         logprobs=requested_logprobs(inputs.return_log_probs, inputs.top_log_probs, inputs.return_prompt_log_probs),

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tokenrouter_backend.core.protocol.input_limits import MAX_STOP_IDS, check_count
+from tokenrouter_backend.core.protocol.logit_processors import MAX_BIAS_ENTRIES
 from tokenrouter_backend.core.protocol.params import InvalidRequest
 from tokenrouter_backend.core.text.stop_text import MAX_STOP_WORDS
 from tokenrouter_backend.serving.tensors import check_scalar, input_array, input_scalar
@@ -61,8 +62,16 @@ SCALAR_INPUTS = {
     "return_log_probs": "return_log_probs",  # BOOL: the answer tokens' log-probabilities (logprob_tensors.py)
     "top_log_probs": "top_log_probs",  # INT32: and the k most likely tokens at each position
     "return_prompt_log_probs": "return_prompt_log_probs",  # BOOL: the prompt's too (max_tokens 0 allowed)
+    "presence_penalty": "presence_penalty",  # FP32: logit processors (processor_inputs.py)
+    "frequency_penalty": "frequency_penalty",  # FP32
+    "repetition_penalty": "repetition_penalty",  # FP32
+    "min_tokens": "min_tokens",  # INT32
+    "ignore_eos": "ignore_eos",  # BOOL: the end token does not end the answer
 }
-INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, *SCALAR_INPUTS.values(),
+BIAS_IDS_INPUT = "logit_bias_ids"  # INT32 [-1]: token ids whose logits get ...
+BIAS_VALUES_INPUT = "logit_bias_values"  # FP32 [-1]: ... these added (-100 .. 100)
+INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, BIAS_IDS_INPUT,
+                         BIAS_VALUES_INPUT, *SCALAR_INPUTS.values(),
                          *PARAM_INPUTS.values()})
 
 
@@ -83,6 +92,13 @@ class RouterInputs:
     return_log_probs: Any = None
     top_log_probs: Any = None
     return_prompt_log_probs: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    ignore_eos: Any = None
+    logit_bias_ids: tuple = ()
+    logit_bias_values: tuple = ()
     cache_salt: tuple = ()  # as sent (UTF-8 bytes or str), checked by parse_cache_salt
 
 
@@ -102,11 +118,15 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
     stop_ids = input_array(pb_utils, request, STOP_IDS_INPUT)
     stop_words = input_array(pb_utils, request, STOP_WORDS_INPUT)
     cache_salt = input_array(pb_utils, request, CACHE_SALT_INPUT)
+    bias_ids = input_array(pb_utils, request, BIAS_IDS_INPUT)
+    bias_values = input_array(pb_utils, request, BIAS_VALUES_INPUT)
     if prompt is not None and max_input_tokens is not None and prompt.size > max_input_tokens:
         raise InvalidRequest(f"text_input is {prompt.size} tokens; max_input_tokens allows at most {max_input_tokens}")
     check_count(STOP_IDS_INPUT, 0 if stop_ids is None else stop_ids.size, MAX_STOP_IDS)
     check_count(STOP_WORDS_INPUT, 0 if stop_words is None else stop_words.size, MAX_STOP_WORDS)
     check_count(CACHE_SALT_INPUT, 0 if cache_salt is None else cache_salt.size, 1)
+    check_count(BIAS_IDS_INPUT, 0 if bias_ids is None else bias_ids.size, MAX_BIAS_ENTRIES)
+    check_count(BIAS_VALUES_INPUT, 0 if bias_values is None else bias_values.size, MAX_BIAS_ENTRIES)
     for tensor in (*PARAM_INPUTS.values(), *SCALAR_INPUTS.values()):
         check_scalar(input_array(pb_utils, request, tensor), tensor)
     params = {name: input_scalar(pb_utils, request, tensor) for name, tensor in PARAM_INPUTS.items()}
@@ -119,5 +139,7 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
         stop_ids=tuple(_values(stop_ids)),
         stop_words=tuple(_values(stop_words)),
         cache_salt=tuple(_values(cache_salt)),
+        logit_bias_ids=tuple(_values(bias_ids)),
+        logit_bias_values=tuple(_values(bias_values)),
         **scalars,
     )

@@ -192,7 +192,8 @@ class RouterModel:
         held = 0  # KV tokens this request holds in the admission gate
         try:
             inputs = read_router_request(pb, request, self.defaults.max_input_tokens)  # its only read, sizes first
-            gen_request = parse_request(inputs, self.defaults, decode=self.decode)
+            gen_request = parse_request(inputs, self.defaults, decode=self.decode,
+                                        vocab=len(self.vocab_texts) or None)
             info = request_info(inputs)
             tokens = len(gen_request.prompt) + gen_request.params.max_tokens  # admission never changes these
             # before any branch work (the perplexity below is light work); a client that cancels leaves the queue

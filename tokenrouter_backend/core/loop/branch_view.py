@@ -10,9 +10,12 @@ vanished under the request (TTL) is re-prefilled once and counted in the request
 Every call that (re)starts the session (``keep_len`` 0) carries the request's cache salt:
 the branch keys the session's prefix blocks by it. With ``logprobs`` >= 0 each step asks the
 branch for raw log-probabilities and keeps them by position (``token_logprobs.ScoreTable``).
+With ``processors`` (the request's logit processors) each scoring call carries them and the
+answer tokens the session already holds before its inputs (their ``history``).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -22,6 +25,7 @@ from tokenrouter_backend.core.loop.stats import RequestStats
 from tokenrouter_backend.core.loop.token_logprobs import ScoreTable
 from tokenrouter_backend.core.protocol.branch import Branch
 from tokenrouter_backend.core.protocol.branch_protocol import BranchOp, BranchResult, SessionMissing
+from tokenrouter_backend.core.protocol.logit_processors import LogitProcessors
 from tokenrouter_backend.core.protocol.names import HEAVY
 
 DEFAULT_PREFILL_CHUNK = 256  # tokens per call of a long input (router parameter prefill_chunk_tokens)
@@ -73,6 +77,7 @@ class BranchView:
         self.first_step_ms = 0.0  # that step's wall time: the prompt's prefill and the first scored position
         self.logprobs = -1  # -1: no log-probabilities asked; k >= 0: the tokens' and the top k (``scores``)
         self.scores = ScoreTable()
+        self.processors: LogitProcessors | None = None  # the request's; each scoring call gets its history
 
     def synced_len(self, tokens: list[int]) -> int:
         """Cached tokens still valid: common prefix with ``tokens``, leaving >= 1 to send."""
@@ -131,6 +136,9 @@ class BranchView:
             await self._timed(self._op(pos, seq[pos:pos + size], score_last=1))
             self.cache = seq[:pos + size]
             pos += size
+        if self.processors is not None:
+            start = self.processors.answer_start
+            op_fields["processors"] = dataclasses.replace(self.processors, history=tuple(seq[start:pos]))
         result = await self._timed(self._op(pos, seq[pos:], score_last=scored, **op_fields))
         return Step(result, n, first, scored)
 

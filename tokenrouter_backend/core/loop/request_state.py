@@ -6,6 +6,7 @@ of the block in progress, the request's counters and what the hooks are told.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -18,6 +19,8 @@ from tokenrouter_backend.core.loop.stats import RequestStats
 from tokenrouter_backend.core.loop.transcript import Transcript
 from tokenrouter_backend.core.protocol.branch import Branch
 from tokenrouter_backend.core.protocol.branch_protocol import Sampling
+from tokenrouter_backend.core.protocol.logit_processors import LogitProcessors
+from tokenrouter_backend.core.protocol.names import Mode
 from tokenrouter_backend.core.protocol.params import RouterParams
 from tokenrouter_backend.core.signals.prompt_surprise import PromptSurprise
 from tokenrouter_backend.core.signals.route_gate import Decision, RouteContext, RouteGate
@@ -41,6 +44,7 @@ class GenerationRequest:
     logprobs: int = -1  # the answer's log-probabilities: -1 none, 0 the tokens', k > 0 also the top k
     prompt_logprobs: bool = False  # also the prompt's (the heavy model scores every prompt position once)
     score_only: bool = False  # no answer at all: the prompt's log-probabilities only (max_tokens 0)
+    processors: LogitProcessors | None = None  # penalties, bias, min_tokens: on both branches' every scored row
 
     @property
     def stop(self) -> StopCriteria:
@@ -51,6 +55,15 @@ class GenerationRequest:
         """Single tokens that end an answer (end_id, document ends)."""
         ends = {s[0] for s in self.stop_sequences if len(s) == 1}
         return frozenset(ends | ({self.end_id} if self.end_id is not None else set()))
+
+
+def request_processors(request: GenerationRequest) -> LogitProcessors:
+    """The request's processors with what the request knows: where its answer starts, the
+    prompt's distinct tokens (repetition penalty), the tokens that end it (min_tokens)."""
+    p = request.processors
+    seen = tuple(sorted(set(request.prompt))) if p.repetition != 1.0 else ()
+    return dataclasses.replace(p, answer_start=len(request.prompt), prompt_seen=seen,
+                               ends=tuple(sorted(request.end_tokens)) if p.min_tokens else ())
 
 
 class RequestState:
@@ -70,7 +83,11 @@ class RequestState:
         salt = request.cache_salt
         self.light = BranchView(light, sid, self.stats, chunk, kv_window=self.params.light_kv_window, cache_salt=salt)
         self.heavy = BranchView(heavy, sid, self.stats, chunk, cache_salt=salt)
-        self.light.logprobs = self.heavy.logprobs = request.logprobs
+        # the light model's numbers reach an answer only where its tokens stand unchecked
+        self.heavy.logprobs = request.logprobs
+        self.light.logprobs = request.logprobs if self.params.mode in (Mode.ROUTE, Mode.LIGHT) else -1
+        if request.processors is not None and request.processors.active:
+            self.light.processors = self.heavy.processors = request_processors(request)
         self.transcript = Transcript(request.prompt, request.stop, request.stop_text, self.params.mode)
         self.block = self.params.block_size  # drafts asked of the next block
         self.free_drafts: int | None = None  # the plan's cap on model-free drafts (None: the drafter's own)

@@ -42,6 +42,10 @@ logits: no temperature, top-k or top-p), for every scored input position but the
 of the next input token (``input_logprobs``, as ``input_probs``), and with k > 0 the k most
 likely tokens and their log-probabilities (``top_ids``, ``top_logprobs``: [T, k]).
 
+``processors`` (``logit_processors.py``: penalties, logit bias, min_tokens) change every
+scored row's logits before the choice, its probabilities and the returned distribution, by
+the tokens before the row's position (the step's ``history``, inputs and drafts).
+
 Both branch models speak this contract over Triton tensors (names below), the in-process
 engine speaks it with these dataclasses. Only adapters touch tensors.
 """
@@ -53,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenrouter_backend.core.protocol.cache_salt import parse_cache_salt
+from tokenrouter_backend.core.protocol.logit_processors import LogitProcessors, processors_from_input
 from tokenrouter_backend.core.protocol.params import InvalidRequest
 
 
@@ -90,6 +95,7 @@ class BranchOp:
     kv_window: int = 0  # keep only the session's sink + last ~kv_window positions; 0 = all (fixed at creation)
     cache_salt: str = ""  # the tenant of the session's prefix blocks (read at keep_len 0); "" = salt-less
     logprobs: int = -1  # raw log-probabilities returned: -1 none, 0 the tokens', k > 0 also the top k
+    processors: LogitProcessors | None = None  # penalties, bias, min_tokens on every scored row; None = none
 
     @property
     def scored(self) -> int:
@@ -207,6 +213,7 @@ TENSOR_INPUTS = {
     "kv_window": ("kv_window", "TYPE_INT32"),
     "cache_salt": ("cache_salt", "TYPE_STRING"),  # [1], sent only when set
     "logprobs": ("logprobs", "TYPE_INT32"),  # [1], sent only when >= 0
+    "processors": ("logit_processors", "TYPE_STRING"),  # [1] JSON, sent only when active
 }
 TENSOR_OUTPUTS = {
     "tokens": "tokens",  # INT32 [-1]
@@ -251,6 +258,8 @@ def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
     }
     if op.logprobs >= 0:
         values["logprobs"] = np.array([[op.logprobs]], dtype=np.int32)
+    if op.processors is not None and op.processors.active:
+        values["processors"] = np.array([[op.processors.to_json().encode()]], dtype=np.object_)
     if op.cache_salt:
         values["cache_salt"] = np.array([[op.cache_salt.encode("utf-8", errors="surrogatepass")]], dtype=np.object_)
     return {TENSOR_INPUTS[k][0]: v for k, v in values.items()}
@@ -294,6 +303,7 @@ def op_from_arrays(get) -> BranchOp:
         kv_window=int(scalar("kv_window", 0)),
         cache_salt=_salt(get(TENSOR_INPUTS["cache_salt"][0])),
         logprobs=_logprobs(scalar("logprobs", -1)),
+        processors=processors_from_input(get(TENSOR_INPUTS["processors"][0])),
     )
 
 
