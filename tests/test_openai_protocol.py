@@ -59,7 +59,7 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
 
 
 @pytest.mark.parametrize("build, fields, param", [
-    (completion, {"n": 3}, "n"),
+    (completion, {"n": 17}, "n"),
     (completion, {"frobnicate": 1}, "frobnicate"),
     (completion, {"logit_bias": {"x": 1}}, "logit_bias"),
     (completion, {"logit_bias": {"5": 101}}, "logit_bias"),
@@ -70,7 +70,7 @@ def test_chat_prefers_max_completion_tokens_and_flattens_text_parts():
     (completion, {"prompt": [[1], []]}, "prompt"),
     (completion, {"prompt": [1, -1]}, "prompt"),
     (completion, {"suffix": "}"}, "suffix"),
-    (completion, {"best_of": 2}, "best_of"),
+    (completion, {"best_of": 17}, "best_of"),
     (completion, {"stream_options": {"include_usage": True}}, "stream_options"),
     (chat, {"tools": [{"type": "function"}]}, "tools"),
     (chat, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),

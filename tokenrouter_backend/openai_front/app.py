@@ -209,23 +209,27 @@ def _check_model(body: Body) -> None:
 async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Reply, body: GenerationBody,
                   prompts: Sequence[Prompt], echo: bool, content_spans: Optional[list[int]] = None,
                   scores: Optional[Scores] = None) -> Response:
-    """Every prompt generated at once, one choice each in the prompts' order."""
-    several = len(prompts) > 1
-    fanout = Fanout([generate(app.state.triton, prompt, body.stream, body.knobs(),
-                              f"{reply.id}-{i}" if several else reply.id, config.request_timeout_s, content_spans)
-                     for i, prompt in enumerate(prompts)])
+    """Every prompt's ``n`` (or ``best_of``) generations at once, choices in the prompts' order
+    (prompt i's choice j has index i·n + j)."""
+    n, k = body.choices(), body.candidates()
+    if len(prompts) * k > config.limits.max_prompts:
+        field = "best_of" if k > n else "n"
+        raise OpenAIError(f"{len(prompts)} prompt(s) x {field} {k} = {len(prompts) * k} generations; at most "
+                          f"{config.limits.max_prompts} allowed", param=field)
+    fanout = Fanout(_generations(app, config, reply, body, prompts, content_spans))
     streaming = False
     try:
         if not body.stream:
-            answers = await _until_disconnected(request, fanout.collect(), config.disconnect_poll_s)
-            prefixes = await _echoes(app, config, prompts, echo)
+            generated = await _until_disconnected(request, fanout.collect(), config.disconnect_poll_s)
+            answers = [best for i in range(len(prompts)) for best in _best(generated[i * k:(i + 1) * k], n)]
+            prefixes = [p for p in await _echoes(app, config, prompts, echo) for _ in range(n)]
             logprobs = [scores.of(entries, i) for i, (_, _, entries) in enumerate(answers)] if scores else None
             return JSONResponse(reply.batch_body([(p + text, stats) for p, (text, stats, _) in zip(prefixes, answers)],
-                                                 logprobs))
+                                                 logprobs, [stats for _, stats, _ in generated]))
         firsts = await _until_disconnected(request, fanout.started(), config.disconnect_poll_s)
         if any(first is None for first in firsts):
             raise server_error("the server ended the stream without an answer")
-        prefixes = await _echoes(app, config, prompts, echo)
+        prefixes = [p for p in await _echoes(app, config, prompts, echo) for _ in range(n)]
         streaming = True
         return StalledStream(_events(reply, body, firsts, fanout, prefixes, scores), config.stream_stall_s)
     except ClientGone:
@@ -233,6 +237,73 @@ async def _answer(app: FastAPI, config: FrontConfig, request: Request, reply: Re
     finally:
         if not streaming:
             await fanout.aclose()
+
+
+def _generations(app: FastAPI, config: FrontConfig, reply: Reply, body: GenerationBody, prompts: Sequence[Prompt],
+                 content_spans: Optional[list[int]]) -> list:
+    """Each prompt's generations, in order. Generation j of a prompt runs with seed
+    ``body.seed_of(j)``; with several, the first is streamed from the router and the others
+    start once it has answered twice (its session has opened again, which puts the prompt's
+    full KV blocks in each branch's prefix cache), so the prompt is prefilled once per branch
+    and the others read it (``heavy_reused_tokens`` / ``light_reused_tokens``). ``best_of``
+    beyond ``n`` asks for log-probabilities to rank them (``_best``)."""
+    k = body.candidates()
+    knobs = body.knobs()
+    if k > body.choices() and "return_log_probs" not in knobs:
+        knobs.update(return_log_probs=True, top_log_probs=0)
+    out = []
+    for i, prompt in enumerate(prompts):
+        opened = asyncio.Event()
+        for j in range(k):
+            own = {**knobs, "random_seed": body.seed_of(j)} if body.seed_of(j) is not None else knobs
+            request_id = reply.id if len(prompts) * k == 1 else f"{reply.id}-{i * k + j}"
+            stream = body.stream or (j == 0 and k > 1)
+            piece_source = generate(app.state.triton, prompt, stream, own, request_id, config.request_timeout_s,
+                                    content_spans)
+            out.append(piece_source if k == 1 else _opening(piece_source, opened) if j == 0
+                       else _after(piece_source, opened))
+    return out
+
+
+OPENED_AFTER = 2  # pieces of the first generation before the others start (its prompt blocks are cached)
+
+
+async def _opening(pieces, opened: asyncio.Event):
+    """The first generation of a prompt; ``opened`` is set after its second piece, or its end."""
+    count = 0
+    try:
+        async for piece in pieces:
+            count += 1
+            if count >= OPENED_AFTER:
+                opened.set()
+            yield piece
+    finally:
+        opened.set()
+        await pieces.aclose()
+
+
+async def _after(pieces, opened: asyncio.Event):
+    """A later generation of a prompt: it starts once the first has ``opened``."""
+    try:
+        await opened.wait()
+        async for piece in pieces:
+            yield piece
+    finally:
+        await pieces.aclose()
+
+
+def _best(candidates: list, n: int) -> list:
+    """``best_of``: the ``n`` generations of one prompt with the highest cumulative
+    log-probability of their answer tokens (all of them when there are only ``n``)."""
+    if len(candidates) <= n:
+        return candidates
+
+    def total(answer) -> float:
+        _, stats, entries = answer
+        answer_entries = entries[len(entries) - int(stats.get("generated_tokens", 0)):]
+        return sum(e.logprob for e in answer_entries if e.logprob is not None)
+
+    return sorted(candidates, key=total, reverse=True)[:n]
 
 
 async def _echoes(app: FastAPI, config: FrontConfig, prompts: Sequence[Prompt], echo: bool) -> list[str]:

@@ -23,6 +23,7 @@ from tokenrouter_backend.core.protocol.params import MIN_TEMPERATURE, InvalidReq
 from .errors import OpenAIError
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
+MAX_CHOICES = 16  # n and best_of: generations of one prompt
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 PROCESSOR_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos")
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's range of chat top_logprobs
@@ -102,8 +103,8 @@ class GenerationBody(RouterKnobs):
         unknown = sorted(set(self.model_extra or {}) - IGNORED_FIELDS)
         if unknown:
             raise OpenAIError(f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0])
-        if self.n is not None and self.n != 1:
-            raise OpenAIError(f"n must be 1 (one choice per request); got {self.n}", param="n")
+        if self.n is not None and self.n > MAX_CHOICES:
+            raise OpenAIError(f"n must be in [1, {MAX_CHOICES}]; got {self.n}", param="n")
         if self.temperature is not None and 0.0 < self.temperature < MIN_TEMPERATURE:  # NaN probabilities below
             raise OpenAIError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, 2]; got {self.temperature}",
                               param="temperature")
@@ -139,6 +140,22 @@ class GenerationBody(RouterKnobs):
     def logprob_count(self) -> int:
         """-1: no log-probabilities asked; k >= 0: the tokens' and k alternatives each."""
         return -1
+
+    def choices(self) -> int:
+        """``n``: the choices returned per prompt."""
+        return self.n or 1
+
+    def candidates(self) -> int:
+        """The generations per prompt (``best_of`` for completions, else ``n``)."""
+        return self.choices()
+
+    def seed_of(self, candidate: int) -> Optional[int]:
+        """Generation ``candidate``'s seed: the request's seed (0 when absent) plus its index,
+        so a seeded request repeats choice for choice; None for the first of an unseeded one
+        (the router's default)."""
+        if candidate == 0:
+            return self.seed
+        return ((self.seed or 0) + candidate) % (SEED_MAX + 1)
 
     def bias(self) -> dict[int, float]:
         """``logit_bias`` as token id -> bias: keys are token ids as strings (OpenAI's form),
@@ -185,8 +202,13 @@ class CompletionBody(GenerationBody):
         super().check()
         if self.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
-        if self.best_of not in (None, 1):
-            raise OpenAIError(f"best_of must be 1; got {self.best_of}", param="best_of")
+        if self.best_of is not None:
+            if not self.choices() <= self.best_of <= MAX_CHOICES:
+                raise OpenAIError(f"best_of must be in [n, {MAX_CHOICES}] (n = {self.choices()}); got {self.best_of}",
+                                  param="best_of")
+            if self.stream and self.best_of > self.choices():
+                raise OpenAIError("best_of greater than n cannot be streamed (the best are known at the end)",
+                                  param="best_of")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
             raise OpenAIError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]; got {self.logprobs}",
                               param="logprobs")
@@ -197,6 +219,9 @@ class CompletionBody(GenerationBody):
 
     def logprob_count(self) -> int:
         return -1 if self.logprobs is None else self.logprobs
+
+    def candidates(self) -> int:
+        return self.best_of or self.choices()
 
     def knobs(self) -> dict[str, Any]:
         knobs = super().knobs()

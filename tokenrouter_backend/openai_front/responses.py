@@ -66,9 +66,11 @@ class Reply:
         return self.batch_body([(text, stats)], [logprobs])
 
     def batch_body(self, answers: Sequence[tuple[str, dict]],
-                   logprobs: Optional[Sequence[Optional[dict]]] = None) -> dict:
+                   logprobs: Optional[Sequence[Optional[dict]]] = None,
+                   generated: Optional[Sequence[dict]] = None) -> dict:
         """The non-streamed response: one choice per (text, stats) answer, in order, with its
-        ``logprobs`` (``logprobs.py``; None: not asked)."""
+        ``logprobs`` (``logprobs.py``; None: not asked); ``usage`` sums ``generated`` (the stats
+        of every generation, ``best_of``'s unreturned ones too) or else the answers'."""
         choices = []
         logprobs = logprobs or [None] * len(answers)
         for index, ((text, stats), scores) in enumerate(zip(answers, logprobs)):
@@ -80,7 +82,8 @@ class Reply:
             if len(answers) > 1:
                 choice[STATS_FIELD] = stats
             choices.append(choice)
-        body = {**self._head(self.endpoint.value), "choices": choices, "usage": usage(*(s for _, s in answers))}
+        spent = generated if generated is not None else [s for _, s in answers]
+        body = {**self._head(self.endpoint.value), "choices": choices, "usage": usage(*spent)}
         if len(answers) == 1:
             body[STATS_FIELD] = answers[0][1]
         return body
