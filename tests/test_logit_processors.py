@@ -86,3 +86,15 @@ def test_processors_travel_as_checked_json():
     eng = BranchEngine(ToyLM(), config=EngineConfig(), name="heavy")
     out = eng.run([BranchOp(1, 0, PROMPT, processors=LogitProcessors(bias=((10 ** 6, 1.0),)))])[0]
     assert isinstance(out, Exception) and "logit_processors holds token" in str(out)
+
+
+def test_min_p_keeps_the_tokens_within_min_p_of_the_top():
+    from tokenrouter_backend.core.loop.sampling import processed_probs
+    from tokenrouter_backend.core.protocol.branch_protocol import Sampling
+
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    kept = processed_probs(logits, Sampling(temperature=1.0, min_p=0.5))  # 0.3 >= 0.25, 0.15 < 0.25
+    np.testing.assert_allclose(kept, [[0.625, 0.375, 0.0, 0.0]], rtol=1e-5)
+    assert processed_probs(logits, Sampling(temperature=1.0, min_p=1.0))[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    op = BranchOp(1, 0, (3,), sampling=Sampling(temperature=0.7, seed=3, min_p=0.2))
+    assert op_from_arrays(op_to_arrays(op).get).sampling.min_p == pytest.approx(0.2)

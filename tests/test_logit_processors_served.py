@@ -76,6 +76,29 @@ def test_logit_bias_forces_a_token_and_ignore_eos(server):
     assert kept.stats["generated_tokens"] == COMMON["max_tokens"] and kept.stats["finish_reason"] == "length"
 
 
+def test_min_p_one_samples_the_greedy_answer(server):
+    greedy = ask(server, PROMPTS[2], "heavy")
+    for mode in ("heavy", "verify"):
+        sampled = ask(server, PROMPTS[2], mode, temperature=1.0, random_seed=7, min_p=1.0)
+        assert sampled.text == greedy.text  # min_p 1 keeps only the most likely token
+    wide = [ask(server, PROMPTS[2], "heavy", temperature=1.5, random_seed=s).text for s in range(4)]
+    assert len(set(wide)) > 1  # without it the same temperature does sample
+    with pytest.raises(GenerationError, match="min_p"):
+        ask(server, PROMPTS[2], "verify", temperature=1.0, min_p=1.5)
+
+
+def test_stop_token_ids_end_the_answer_before_the_token_ignore_eos_or_not(server):
+    greedy = ask(server, PROMPTS[1], "heavy", return_log_probs=True, top_log_probs=1)
+    answer = [top[0][0] for top in greedy.logprobs.top]  # greedy, unprocessed: each token is the top-1
+    assert len(answer) == COMMON["max_tokens"]
+    stop = answer[3]
+    for knobs in ({}, {"ignore_eos": True}):
+        got = ask(server, PROMPTS[1], "verify", stop_token_ids=[stop], **knobs)
+        assert got.stats["generated_tokens"] == answer.index(stop) and got.stats["finish_reason"] != "length"
+    with pytest.raises(GenerationError, match="stop_token_ids"):
+        ask(server, PROMPTS[1], "verify", stop_token_ids=[10 ** 7])
+
+
 @pytest.mark.parametrize("knobs, field", [
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"presence_penalty": -3.0}, "presence_penalty"),

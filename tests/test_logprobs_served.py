@@ -215,3 +215,30 @@ def test_openai_several_prompts_each_choice_has_its_own_logprobs(front):
     for choice, single in zip(both.choices, alone):
         assert choice.logprobs.tokens == single.tokens and choice.logprobs.text_offset == single.text_offset
         np.testing.assert_allclose(choice.logprobs.token_logprobs, single.token_logprobs, atol=1e-3)
+
+
+def test_prompt_log_probs_equal_a_transformers_forward_of_the_heavy_model(server, tiny_repository):
+    """The issue's bound: the served prompt log-probabilities against the heavy model's own
+    transformers forward (FP32), within the exporter's validation tolerance (relative to the
+    logits' scale; a log-probability moves by at most twice a logit's error)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tokenrouter_backend.export.tiny_pair import build_tiny_pair
+    from tokenrouter_backend.export.validate import FP32_REL_TOL
+    from tokenrouter_backend.server import paths
+
+    prompt = PROMPTS[2] * 3
+    served = generate_http(url(server), prompt, max_tokens=0, return_prompt_log_probs=True, router_mode="verify",
+                           **NO_REUSE)
+    ids = AutoTokenizer.from_pretrained(str(tiny_repository / TOKENIZER_DIR))(prompt)["input_ids"]
+    assert len(ids) == served.stats["prompt_tokens"]  # the served tokenizer's ids
+    heavy_dir, _ = build_tiny_pair(paths.tiny_dir())  # the pair the repository was exported from (cached)
+    model = AutoModelForCausalLM.from_pretrained(str(heavy_dir), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double()
+    reference = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    tolerance = 2 * FP32_REL_TOL * max(float(logits.abs().max()), 1.0)
+    got = np.asarray(served.logprobs.prompt_log_probs)
+    assert len(got) == len(reference)
+    assert float(np.abs(got - reference).max()) <= tolerance

@@ -14,6 +14,7 @@ import pytest
 from support.triton_repo import write_python_model  # pytest puts tests/ on sys.path
 from tokenrouter_backend.branches.remote import RemoteBranch
 from tokenrouter_backend.core.protocol.branch_protocol import (
+    SENT_WHEN_SET,
     TENSOR_INPUTS,
     BranchError,
     BranchOp,
@@ -80,7 +81,7 @@ def branch_config() -> str:
     """config.pbtxt template (``{name}`` placeholder) built from the contract's input table."""
     inputs = ",\n".join(
         f'  {{{{ name: "{name}" data_type: {dtype} dims: [ {"-1" if key == "input_ids" else "1"} ]'
-        f'{" optional: true" if key == "cache_salt" else ""} }}}}'  # sent only when set
+        f'{" optional: true" if key in SENT_WHEN_SET else ""} }}}}'  # sent only when set
         for key, (name, dtype) in TENSOR_INPUTS.items())
     return ('name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
             f"input [\n{inputs}\n]\noutput [\n{OUTPUTS_CONFIG}]\n"

@@ -16,7 +16,7 @@ import numpy as np
 MODEL = "tokenrouter"
 KNOBS_INT = ("max_tokens", "top_k", "block_size", "rollback_window", "end_id", "light_kv_window", "top_log_probs",
              "min_tokens")
-KNOBS_FLOAT = ("temperature", "top_p", "confidence_threshold", "entropy_threshold",
+KNOBS_FLOAT = ("temperature", "top_p", "min_p", "confidence_threshold", "entropy_threshold",
                "rollback_threshold", "draft_confidence_threshold", "dynamic_threshold_quantile",
                "router_threshold", "presence_penalty", "frequency_penalty", "repetition_penalty")
 KNOBS_STR = ("router_mode", "block_schedule", "cache_salt")
@@ -172,6 +172,10 @@ def grpc_inputs(grpcclient, prompt: str, stream: bool, knobs: dict[str, Any]):
                 t = grpcclient.InferInput(name, [1, len(values)], kind)
                 t.set_data_from_numpy(np.array([values], dtype=dtype))
                 inputs.append(t)
+        elif k == "stop_token_ids":
+            t = grpcclient.InferInput(k, [1, len(v)], "INT32")
+            t.set_data_from_numpy(np.array([list(v)], dtype=np.int32))
+            inputs.append(t)
         elif k == "stop_words":
             t = grpcclient.InferInput("stop_words", [1, len(v)], "BYTES")
             t.set_data_from_numpy(np.array([[w.encode() for w in v]], dtype=np.object_))

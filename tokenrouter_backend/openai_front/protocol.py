@@ -25,7 +25,8 @@ from .errors import OpenAIError
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
 MAX_CHOICES = 16  # n and best_of: generations of one prompt
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
-PROCESSOR_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos")
+PROCESSOR_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
+                    "stop_token_ids")
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's range of chat top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # and of completions' logprobs
 SEED_MAX = (1 << 64) - 1  # random_seed is a UINT64 input
@@ -62,6 +63,7 @@ class RouterKnobs(BaseModel):
     rollback_window: Optional[Int32] = None
     draft_confidence_threshold: Optional[float] = None
     top_k: Optional[Int32] = None
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)  # vLLM's field
     decision_log: Optional[bool] = None
     dynamic_threshold_quantile: Optional[float] = None
     allow_degradation: Optional[bool] = None
@@ -95,6 +97,8 @@ class GenerationBody(RouterKnobs):
     repetition_penalty: Optional[float] = Field(default=None, ge=0.01, le=10.0)
     min_tokens: Optional[Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]] = None
     ignore_eos: Optional[bool] = None
+    stop_token_ids: Optional[list[Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]]] = Field(default=None,
+                                                                                                max_length=64)
     # vLLM's field: requests of different salts share no cached answer or KV prefix block
     cache_salt: Optional[str] = None
 
@@ -178,7 +182,8 @@ class GenerationBody(RouterKnobs):
     def knobs(self) -> dict[str, Any]:
         """The ensemble's optional inputs for this request (absent fields stay server defaults)."""
         knobs: dict[str, Any] = {name: getattr(self, name) for name in ROUTER_KNOBS}
-        knobs.update({name: getattr(self, name) for name in PROCESSOR_FIELDS}, logit_bias=self.bias() or None)
+        knobs.update({name: getattr(self, name) or None if name == "stop_token_ids" else getattr(self, name)
+                      for name in PROCESSOR_FIELDS}, logit_bias=self.bias() or None)
         knobs.update(max_tokens=self.answer_tokens(), temperature=self.temperature, top_p=self.top_p,
                      random_seed=self.seed, stop_words=self.stop_words() or None, cache_salt=self.cache_salt)
         if self.logprob_count() >= 0:

@@ -18,7 +18,7 @@ from tokenrouter_backend.core.text.stopping import split_stop_ids
 from tokenrouter_backend.operations.admission import RequestInfo
 from tokenrouter_backend.serving.logprob_tensors import requested_logprobs
 from tokenrouter_backend.serving.processor_inputs import request_processors
-from tokenrouter_backend.serving.router_inputs import STOP_IDS_INPUT, RouterInputs
+from tokenrouter_backend.serving.router_inputs import STOP_IDS_INPUT, STOP_TOKEN_IDS_INPUT, RouterInputs
 
 
 def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode | None = None,
@@ -54,7 +54,8 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
         prompt=prompt,
         params=params,
         end_id=None if end_id is None or end_id < 0 or not keep_ends else int(end_id),
-        stop_sequences=split_stop_ids(list(inputs.stop_ids)) if keep_ends else (),
+        stop_sequences=(split_stop_ids(list(inputs.stop_ids)) if keep_ends else ())
+        + stop_tokens(inputs.stop_token_ids, vocab),
         processors=request_processors(inputs, params.max_tokens, vocab),
         stop_text=stop_text(inputs.stop_words, decode),
         cache_salt=cache_salt(inputs.cache_salt, defaults.require_cache_salt),
@@ -62,6 +63,15 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
         prompt_logprobs=bool(inputs.return_prompt_log_probs),
         score_only=score_only,
     )
+
+
+def stop_tokens(ids: Sequence, vocab: int | None) -> tuple[tuple[int, ...], ...]:
+    """The ``stop_token_ids`` input -> one-token stop sequences (ids in the vocabulary)."""
+    top = vocab if vocab is not None else 1 << 31
+    for t in ids:
+        if not 0 <= int(t) < top:
+            raise InvalidRequest(f"{STOP_TOKEN_IDS_INPUT} holds {t}; token ids are in [0, {top})")
+    return tuple((int(t),) for t in ids)
 
 
 def cache_salt(values: Sequence, required: bool = False) -> str:

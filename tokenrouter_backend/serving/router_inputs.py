@@ -36,6 +36,7 @@ PARAM_INPUTS = {
     "temperature": "temperature",
     "top_k": "top_k",
     "top_p": "top_p",
+    "min_p": "min_p",
     "random_seed": "random_seed",
     "router_mode": "router_mode",
     "block_size": "block_size",
@@ -68,9 +69,12 @@ SCALAR_INPUTS = {
     "min_tokens": "min_tokens",  # INT32
     "ignore_eos": "ignore_eos",  # BOOL: the end token does not end the answer
 }
+STOP_TOKEN_IDS_INPUT = "stop_token_ids"  # INT32 [-1]: more tokens that end the answer (vLLM's field)
+MAX_STOP_TOKEN_IDS = 64
 BIAS_IDS_INPUT = "logit_bias_ids"  # INT32 [-1]: token ids whose logits get ...
 BIAS_VALUES_INPUT = "logit_bias_values"  # FP32 [-1]: ... these added (-100 .. 100)
 INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, BIAS_IDS_INPUT,
+                         STOP_TOKEN_IDS_INPUT,
                          BIAS_VALUES_INPUT, *SCALAR_INPUTS.values(),
                          *PARAM_INPUTS.values()})
 
@@ -99,6 +103,7 @@ class RouterInputs:
     ignore_eos: Any = None
     logit_bias_ids: tuple = ()
     logit_bias_values: tuple = ()
+    stop_token_ids: tuple = ()
     cache_salt: tuple = ()  # as sent (UTF-8 bytes or str), checked by parse_cache_salt
 
 
@@ -120,6 +125,7 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
     cache_salt = input_array(pb_utils, request, CACHE_SALT_INPUT)
     bias_ids = input_array(pb_utils, request, BIAS_IDS_INPUT)
     bias_values = input_array(pb_utils, request, BIAS_VALUES_INPUT)
+    stop_token_ids = input_array(pb_utils, request, STOP_TOKEN_IDS_INPUT)
     if prompt is not None and max_input_tokens is not None and prompt.size > max_input_tokens:
         raise InvalidRequest(f"text_input is {prompt.size} tokens; max_input_tokens allows at most {max_input_tokens}")
     check_count(STOP_IDS_INPUT, 0 if stop_ids is None else stop_ids.size, MAX_STOP_IDS)
@@ -127,6 +133,7 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
     check_count(CACHE_SALT_INPUT, 0 if cache_salt is None else cache_salt.size, 1)
     check_count(BIAS_IDS_INPUT, 0 if bias_ids is None else bias_ids.size, MAX_BIAS_ENTRIES)
     check_count(BIAS_VALUES_INPUT, 0 if bias_values is None else bias_values.size, MAX_BIAS_ENTRIES)
+    check_count(STOP_TOKEN_IDS_INPUT, 0 if stop_token_ids is None else stop_token_ids.size, MAX_STOP_TOKEN_IDS)
     for tensor in (*PARAM_INPUTS.values(), *SCALAR_INPUTS.values()):
         check_scalar(input_array(pb_utils, request, tensor), tensor)
     params = {name: input_scalar(pb_utils, request, tensor) for name, tensor in PARAM_INPUTS.items()}
@@ -141,5 +148,6 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
         cache_salt=tuple(_values(cache_salt)),
         logit_bias_ids=tuple(_values(bias_ids)),
         logit_bias_values=tuple(_values(bias_values)),
+        stop_token_ids=tuple(_values(stop_token_ids)),
         **scalars,
     )

@@ -92,7 +92,7 @@ class RequestState:
         self.block = self.params.block_size  # drafts asked of the next block
         self.free_drafts: int | None = None  # the plan's cap on model-free drafts (None: the drafter's own)
         self.sampling = Sampling(self.params.temperature, self.params.top_k, self.params.top_p,
-                                 self.params.random_seed)
+                                 self.params.random_seed, self.params.min_p)
         self.ngram = NgramDrafter(self.params.ngram, prior, self.transcript.prompt_len)
         self.stats.answer_cache_hit = bool(prior) and self.params.ngram.enabled
         self.gate = request.route_gate or RouteGate()

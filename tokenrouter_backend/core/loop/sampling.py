@@ -49,6 +49,8 @@ def processed_probs(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
         keep = np.zeros_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
         probs = np.where(keep, probs, 0.0)
+    if sampling.min_p > 0.0:  # vLLM's min-p, after top-k / top-p: keep p >= min_p x the top p
+        probs = np.where(probs >= sampling.min_p * probs.max(axis=-1, keepdims=True), probs, 0.0)
     probs = probs / probs.sum(axis=-1, keepdims=True)
     return probs.astype(np.float32)
 

@@ -36,15 +36,12 @@ result never depends on what else was in the batch. ``dist`` holds that processe
 distribution for every returned position when ``return_dist`` is set (speculative
 sampling needs it), else it is empty.
 
-``logprobs`` = k >= 0 (default -1: off) also returns, for every returned position, the
-log-probability of its chosen token under the model's raw distribution (log-softmax of the
-logits: no temperature, top-k or top-p), for every scored input position but the last that
-of the next input token (``input_logprobs``, as ``input_probs``), and with k > 0 the k most
-likely tokens and their log-probabilities (``top_ids``, ``top_logprobs``: [T, k]).
+``logprobs`` = k >= 0 (default -1: off) also returns raw log-probabilities (log-softmax of the
+logits, unprocessed): each position's chosen token's, each scored input's next input's
+(``input_logprobs``, as ``input_probs``), and with k > 0 the top k (``top_ids``/``top_logprobs``).
 
-``processors`` (``logit_processors.py``: penalties, logit bias, min_tokens) change every
-scored row's logits before the choice, its probabilities and the returned distribution, by
-the tokens before the row's position (the step's ``history``, inputs and drafts).
+``processors`` (``logit_processors.py``: penalties, bias, min_tokens) change every scored row's
+logits before anything else, by the tokens before its position (``history``, inputs, drafts).
 
 Both branch models speak this contract over Triton tensors (names below), the in-process
 engine speaks it with these dataclasses. Only adapters touch tensors.
@@ -69,6 +66,7 @@ class Sampling:
     top_k: int = 0  # 0 = no top-k cut
     top_p: float = 1.0  # 1.0 = no nucleus cut
     seed: int = 0
+    min_p: float = 0.0  # 0 = off; else tokens below min_p x the top probability are cut (after top-k / top-p)
 
     @property
     def greedy(self) -> bool:
@@ -213,8 +211,11 @@ TENSOR_INPUTS = {
     "kv_window": ("kv_window", "TYPE_INT32"),
     "cache_salt": ("cache_salt", "TYPE_STRING"),  # [1], sent only when set
     "logprobs": ("logprobs", "TYPE_INT32"),  # [1], sent only when >= 0
+    "min_p": ("min_p", "TYPE_FP32"),  # [1], sent only when > 0
     "processors": ("logit_processors", "TYPE_STRING"),  # [1] JSON, sent only when active
 }
+SENT_WHEN_SET = frozenset({"cache_salt", "logprobs", "processors", "min_p"})  # optional in a branch config
+
 TENSOR_OUTPUTS = {
     "tokens": "tokens",  # INT32 [-1]
     "token_probs": "token_probs",  # FP32 [-1]
@@ -256,6 +257,8 @@ def op_to_arrays(op: BranchOp) -> dict[str, np.ndarray]:
         "score_last": np.array([[op.score_last]], dtype=np.int32),
         "kv_window": np.array([[op.kv_window]], dtype=np.int32),
     }
+    if s.min_p > 0:
+        values["min_p"] = np.array([[s.min_p]], dtype=np.float32)
     if op.logprobs >= 0:
         values["logprobs"] = np.array([[op.logprobs]], dtype=np.int32)
     if op.processors is not None and op.processors.active:
@@ -296,22 +299,22 @@ def op_from_arrays(get) -> BranchOp:
             top_k=int(scalar("top_k", 0)),
             top_p=float(scalar("top_p", 1.0)),
             seed=int(scalar("seed", 0)),
+            min_p=_bounded("min_p", float(scalar("min_p", 0.0)), 0.0, 1.0),
         ),
         return_dist=bool(scalar("return_dist", False)),
         release=release,
         score_last=int(scalar("score_last", 0)),
         kv_window=int(scalar("kv_window", 0)),
         cache_salt=_salt(get(TENSOR_INPUTS["cache_salt"][0])),
-        logprobs=_logprobs(scalar("logprobs", -1)),
+        logprobs=_bounded("logprobs", int(scalar("logprobs", -1)), -1, MAX_TOP_LOGPROBS),
         processors=processors_from_input(get(TENSOR_INPUTS["processors"][0])),
     )
 
 
-def _logprobs(value) -> int:
-    k = int(value)
-    if not -1 <= k <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"branch input 'logprobs' must be in [-1, {MAX_TOP_LOGPROBS}]; got {k}")
-    return k
+def _bounded(name: str, value, low, high):
+    if not low <= value <= high:
+        raise ValueError(f"branch input '{name}' must be in [{low}, {high}]; got {value}")
+    return value
 
 
 def _salt(arr: np.ndarray | None) -> str:

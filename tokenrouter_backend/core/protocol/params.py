@@ -108,6 +108,7 @@ class RouterParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     random_seed: int = 0
     stream: bool = False
     prefill_chunk_tokens: int = 256
@@ -150,6 +151,7 @@ class RouterParams:
             temperature=_temperature(pick("temperature", 0.0)),
             top_k=_int_in("top_k", pick("top_k", 0), 0, 1 << 30),
             top_p=_float_in("top_p", pick("top_p", 1.0), 1e-6, 1.0),
+            min_p=_float_in("min_p", pick("min_p", 0.0), 0.0, 1.0),
             random_seed=_int_in("random_seed", pick("random_seed", 0), 0, (1 << 64) - 1),
             stream=_bool("stream", pick("stream", False)),
             prefill_chunk_tokens=_int_in("prefill_chunk_tokens", d.prefill_chunk_tokens, 1, 1 << 20),
