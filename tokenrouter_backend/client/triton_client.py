@@ -69,16 +69,16 @@ class LogprobsOut:
         self.log_probs += lps
         self.branches += [b.decode() if isinstance(b, bytes) else str(b)
                           for b in np.asarray(get("output_log_prob_branches"), dtype=object).reshape(-1)]
-        self.top += _top_lists(len(lps), get("output_top_ids"), get("output_top_log_probs"))
+        self.top += top_lists(len(lps), get("output_top_ids"), get("output_top_log_probs"))
         self.cumulative = float(np.asarray(get("cum_log_probs")).reshape(-1)[0])
         prompt = get("prompt_log_probs")
         if prompt is not None:
             prompt = [float(x) for x in np.asarray(prompt, np.float32).reshape(-1)]
             self.prompt_log_probs += prompt
-            self.prompt_top += _top_lists(len(prompt), get("prompt_top_ids"), get("prompt_top_log_probs"))
+            self.prompt_top += top_lists(len(prompt), get("prompt_top_ids"), get("prompt_top_log_probs"))
 
 
-def _top_lists(n: int, ids, lps) -> list[list[tuple[int, float]]]:
+def top_lists(n: int, ids, lps) -> list[list[tuple[int, float]]]:
     """n rows of (id, log-prob) alternatives from flat or [n, k] outputs."""
     ids, lps = np.asarray(ids if ids is not None else []), np.asarray(lps if lps is not None else [], np.float32)
     k = ids.size // n if n else 0

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -165,12 +165,11 @@ class Scores:
     endpoint: Endpoint
     words: TokenText
     top: int
-    offsets: dict = None  # completions: each choice's text offset of its next token
+    offsets: dict = field(default_factory=dict)  # completions: each choice's text offset of its next token
 
     def of(self, entries: list, index: int = 0) -> dict:
         if self.endpoint is Endpoint.CHAT:
             return chat_logprobs(entries, self.words, self.top)
-        self.offsets = self.offsets or {}
         out = completion_logprobs(entries, self.words, self.top, self.offsets.get(index, 0))
         self.offsets[index] = next_offset(out) or self.offsets.get(index, 0)
         return out

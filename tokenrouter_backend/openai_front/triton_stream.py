@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Sequence, Union
 
 import numpy as np
 
-from tokenrouter_backend.client.triton_client import grpc_inputs
+from tokenrouter_backend.client.triton_client import grpc_inputs, top_lists
 from tokenrouter_backend.core.protocol.failures import classify
 
 from .errors import OpenAIError, from_server, unavailable
@@ -56,13 +56,10 @@ def _prompt_scores(result, prompt_ids: np.ndarray) -> list[TokenScores]:
     if lps is None or lps.size == 0:
         return []
     lps = lps.reshape(-1)
-    top_ids, top_lps = result.as_numpy("prompt_top_ids"), result.as_numpy("prompt_top_log_probs")
-    k = top_ids.size // len(lps)
-    top_ids, top_lps = top_ids.reshape(len(lps), k), top_lps.reshape(len(lps), k)
+    tops = top_lists(len(lps), result.as_numpy("prompt_top_ids"), result.as_numpy("prompt_top_log_probs"))
     ids = prompt_ids.tolist()
     return [TokenScores(int(ids[0]), None, "", ())] + [
-        TokenScores(int(t), float(lp), "heavy", tuple(zip(map(int, ti), map(float, tl))))
-        for t, lp, ti, tl in zip(ids[1:], lps.tolist(), top_ids, top_lps)]
+        TokenScores(int(t), float(lp), "heavy", tuple(top)) for t, lp, top in zip(ids[1:], lps.tolist(), tops)]
 
 
 def _token_scores(result) -> list[TokenScores]:
@@ -73,12 +70,9 @@ def _token_scores(result) -> list[TokenScores]:
     ids = result.as_numpy("OUTPUT_IDS").reshape(-1)[int(result.as_numpy("PREFIX_LEN").reshape(-1)[0]):]
     lps = lps.reshape(-1)
     branches = result.as_numpy("output_log_prob_branches").reshape(-1)
-    top_ids, top_lps = result.as_numpy("output_top_ids"), result.as_numpy("output_top_log_probs")
-    k = top_ids.size // len(lps)
-    top_ids, top_lps = top_ids.reshape(len(lps), k), top_lps.reshape(len(lps), k)
-    return [TokenScores(int(t), float(lp), b.decode() if isinstance(b, bytes) else str(b),
-                        tuple(zip(map(int, ti), map(float, tl))))
-            for t, lp, b, ti, tl in zip(ids.tolist(), lps.tolist(), branches, top_ids, top_lps)]
+    tops = top_lists(len(lps), result.as_numpy("output_top_ids"), result.as_numpy("output_top_log_probs"))
+    return [TokenScores(int(t), float(lp), b.decode() if isinstance(b, bytes) else str(b), tuple(top))
+            for t, lp, b, top in zip(ids.tolist(), lps.tolist(), branches, tops)]
 
 
 def _tensor(grpcclient, name: str, array: np.ndarray):

@@ -104,6 +104,4 @@ class LogprobBuffer:
         }
 
 
-def empty_outputs() -> dict[str, np.ndarray]:
-    """The outputs of a response to a request that asked for none."""
-    return LogprobBuffer(0).take()
+EMPTY_OUTPUTS = LogprobBuffer(0).take()  # every response to a request that asked for none (read-only arrays)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from tokenrouter_backend.core.protocol.input_limits import check_token_ids
 from tokenrouter_backend.core.protocol.logit_processors import (
     BIAS_RANGE,
     MAX_BIAS_ENTRIES,
@@ -39,10 +40,7 @@ def request_processors(inputs: RouterInputs, max_tokens: int, vocab: int | None)
                              "they must pair up")
     if len(ids) > MAX_BIAS_ENTRIES:
         raise InvalidRequest(f"{BIAS_IDS_INPUT} has {len(ids)} entries; at most {MAX_BIAS_ENTRIES} allowed")
-    top = vocab if vocab is not None else 1 << 31
-    for t in ids:
-        if not 0 <= int(t) < top:
-            raise InvalidRequest(f"{BIAS_IDS_INPUT} holds {t}; token ids are in [0, {top})")
+    check_token_ids(BIAS_IDS_INPUT, ids, vocab)
     bias = tuple((int(t), _number(BIAS_VALUES_INPUT, float(v), 0.0, *BIAS_RANGE)) for t, v in zip(ids, values))
     min_tokens = inputs.min_tokens if inputs.min_tokens is not None else 0
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:

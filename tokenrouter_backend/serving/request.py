@@ -11,7 +11,7 @@ from typing import Sequence
 
 from tokenrouter_backend.core.loop.block_loop import GenerationRequest
 from tokenrouter_backend.core.protocol.cache_salt import CACHE_SALT, parse_cache_salt
-from tokenrouter_backend.core.protocol.input_limits import MAX_STOP_IDS, check_count
+from tokenrouter_backend.core.protocol.input_limits import MAX_STOP_IDS, check_count, check_token_ids
 from tokenrouter_backend.core.protocol.params import InvalidRequest, RouterDefaults
 from tokenrouter_backend.core.text.stop_text import Decode, StopText, parse_stop_words
 from tokenrouter_backend.core.text.stopping import split_stop_ids
@@ -67,10 +67,7 @@ def parse_request(inputs: RouterInputs, defaults: RouterDefaults, decode: Decode
 
 def stop_tokens(ids: Sequence, vocab: int | None) -> tuple[tuple[int, ...], ...]:
     """The ``stop_token_ids`` input -> one-token stop sequences (ids in the vocabulary)."""
-    top = vocab if vocab is not None else 1 << 31
-    for t in ids:
-        if not 0 <= int(t) < top:
-            raise InvalidRequest(f"{STOP_TOKEN_IDS_INPUT} holds {t}; token ids are in [0, {top})")
+    check_token_ids(STOP_TOKEN_IDS_INPUT, ids, vocab)
     return tuple((int(t),) for t in ids)
 
 

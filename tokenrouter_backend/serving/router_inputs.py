@@ -73,9 +73,16 @@ STOP_TOKEN_IDS_INPUT = "stop_token_ids"  # INT32 [-1]: more tokens that end the 
 MAX_STOP_TOKEN_IDS = 64
 BIAS_IDS_INPUT = "logit_bias_ids"  # INT32 [-1]: token ids whose logits get ...
 BIAS_VALUES_INPUT = "logit_bias_values"  # FP32 [-1]: ... these added (-100 .. 100)
-INPUT_NAMES = frozenset({PROMPT_INPUT, STOP_IDS_INPUT, STOP_WORDS_INPUT, CACHE_SALT_INPUT, BIAS_IDS_INPUT,
-                         STOP_TOKEN_IDS_INPUT,
-                         BIAS_VALUES_INPUT, *SCALAR_INPUTS.values(),
+# RouterInputs field -> (list input, most elements); sized before any element is read
+LIST_INPUTS = {
+    "stop_ids": (STOP_IDS_INPUT, MAX_STOP_IDS),
+    "stop_words": (STOP_WORDS_INPUT, MAX_STOP_WORDS),
+    "cache_salt": (CACHE_SALT_INPUT, 1),
+    "logit_bias_ids": (BIAS_IDS_INPUT, MAX_BIAS_ENTRIES),
+    "logit_bias_values": (BIAS_VALUES_INPUT, MAX_BIAS_ENTRIES),
+    "stop_token_ids": (STOP_TOKEN_IDS_INPUT, MAX_STOP_TOKEN_IDS),
+}
+INPUT_NAMES = frozenset({PROMPT_INPUT, *(name for name, _ in LIST_INPUTS.values()), *SCALAR_INPUTS.values(),
                          *PARAM_INPUTS.values()})
 
 
@@ -120,20 +127,11 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
     input holds one value; raises ``InvalidRequest`` naming the input.
     """
     prompt = input_array(pb_utils, request, PROMPT_INPUT)
-    stop_ids = input_array(pb_utils, request, STOP_IDS_INPUT)
-    stop_words = input_array(pb_utils, request, STOP_WORDS_INPUT)
-    cache_salt = input_array(pb_utils, request, CACHE_SALT_INPUT)
-    bias_ids = input_array(pb_utils, request, BIAS_IDS_INPUT)
-    bias_values = input_array(pb_utils, request, BIAS_VALUES_INPUT)
-    stop_token_ids = input_array(pb_utils, request, STOP_TOKEN_IDS_INPUT)
     if prompt is not None and max_input_tokens is not None and prompt.size > max_input_tokens:
         raise InvalidRequest(f"text_input is {prompt.size} tokens; max_input_tokens allows at most {max_input_tokens}")
-    check_count(STOP_IDS_INPUT, 0 if stop_ids is None else stop_ids.size, MAX_STOP_IDS)
-    check_count(STOP_WORDS_INPUT, 0 if stop_words is None else stop_words.size, MAX_STOP_WORDS)
-    check_count(CACHE_SALT_INPUT, 0 if cache_salt is None else cache_salt.size, 1)
-    check_count(BIAS_IDS_INPUT, 0 if bias_ids is None else bias_ids.size, MAX_BIAS_ENTRIES)
-    check_count(BIAS_VALUES_INPUT, 0 if bias_values is None else bias_values.size, MAX_BIAS_ENTRIES)
-    check_count(STOP_TOKEN_IDS_INPUT, 0 if stop_token_ids is None else stop_token_ids.size, MAX_STOP_TOKEN_IDS)
+    arrays = {name: input_array(pb_utils, request, tensor) for name, (tensor, _) in LIST_INPUTS.items()}
+    for name, (tensor, most) in LIST_INPUTS.items():
+        check_count(tensor, 0 if arrays[name] is None else arrays[name].size, most)
     for tensor in (*PARAM_INPUTS.values(), *SCALAR_INPUTS.values()):
         check_scalar(input_array(pb_utils, request, tensor), tensor)
     params = {name: input_scalar(pb_utils, request, tensor) for name, tensor in PARAM_INPUTS.items()}
@@ -143,11 +141,6 @@ def read_router_request(pb_utils, request, max_input_tokens: int | None = None) 
         request_id=str(request_id or ""),
         prompt=() if prompt is None else tuple(prompt.reshape(-1).tolist()),
         params=MappingProxyType({name: value for name, value in params.items() if value is not None}),
-        stop_ids=tuple(_values(stop_ids)),
-        stop_words=tuple(_values(stop_words)),
-        cache_salt=tuple(_values(cache_salt)),
-        logit_bias_ids=tuple(_values(bias_ids)),
-        logit_bias_values=tuple(_values(bias_values)),
-        stop_token_ids=tuple(_values(stop_token_ids)),
+        **{name: tuple(_values(array)) for name, array in arrays.items()},
         **scalars,
     )

@@ -44,7 +44,7 @@ from tokenrouter_backend.operations.admission import Operations, RequestInfo
 from tokenrouter_backend.operations.admission_gate import AdmissionGate, GateConfig, ServerBusy
 from tokenrouter_backend.operations.route_setup import build_route_gate, vocabulary_texts
 from tokenrouter_backend.serving.backend import bls_exec, metric_family
-from tokenrouter_backend.serving.logprob_tensors import LogprobBuffer, empty_outputs
+from tokenrouter_backend.serving.logprob_tensors import EMPTY_OUTPUTS, LogprobBuffer
 from tokenrouter_backend.serving.request import parse_request, request_info
 from tokenrouter_backend.serving.router_inputs import RouterInputs, read_router_request
 from tokenrouter_backend.serving.tensors import bound_bytes_inputs, config_parameters, error_response
@@ -102,7 +102,7 @@ class ResponseWriter:
             pb.Tensor(ROUTING_STATS, np.array([[self._stats_json(stats, finished).encode()]], dtype=np.object_)),
             pb.Tensor(STOP_TRIM, np.array([[stats.stop_trim_chars if finished else 0]], dtype=np.int32)),
             *(pb.Tensor(name, array) for name, array in
-              (self.logprobs.take() if self.logprobs is not None else empty_outputs()).items()),
+              (self.logprobs.take() if self.logprobs is not None else EMPTY_OUTPUTS).items()),
         ])
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if finished else 0
         self.sender.send(response, flags=flags)

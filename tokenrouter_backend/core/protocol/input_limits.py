@@ -44,6 +44,14 @@ def check_count(field: str, count: int, limit: int) -> None:
         raise InvalidRequest(f"{field} has {count} entries; at most {limit} allowed")
 
 
+def check_token_ids(field: str, ids, vocab: int | None) -> None:
+    """Every id in [0, vocab) (vocab unknown: [0, 2^31))."""
+    top = vocab if vocab is not None else 1 << 31
+    for t in ids:
+        if not 0 <= int(t) < top:
+            raise InvalidRequest(f"{field} holds {t}; token ids are in [0, {top})")
+
+
 def check_range(field: str, value: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidRequest(f"{field} must be in [{low}, {high}]; got {value}")

@@ -104,7 +104,7 @@ def _list(d: dict, name: str, most: int, pairs: bool = False) -> list:
     if pairs and not all(isinstance(p, list) and len(p) == 2 and isinstance(p[1], (int, float))
                          and not isinstance(p[1], bool) for p in value):
         raise ValueError(f"logit_processors.{name} must hold [token id, number] pairs")
-    return [p for p in value]
+    return value
 
 
 def _token(value, name: str, vocab: int | None) -> int:
